@@ -1,0 +1,22 @@
+"""kernelset: fast GPU kernels for LLM inference and training behind one API.
+
+    import kernelset as ks
+    y = ks.rms_norm(x, w)            # the dispatcher picks the implementation
+    ks.explain("rms_norm", x, w)     # ... and says why
+
+Importing kernelset imports torch only; Triton and optional peers are imported when first used.
+"""
+from __future__ import annotations
+
+from .core import AUTO, ArgumentError, ArgumentTypeError, Backend, KernelsetError, UnsupportedError, config
+from .core.dispatch import Explanation, explain
+from .core.registry import catalog
+from .ops.norm import AddNormOutput, NormCast, fused_add_rms_norm, layer_norm, rms_norm
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AUTO", "AddNormOutput", "ArgumentError", "ArgumentTypeError", "Backend", "Explanation", "KernelsetError",
+    "NormCast", "UnsupportedError", "__version__", "catalog", "config", "explain", "fused_add_rms_norm",
+    "layer_norm", "rms_norm",
+]

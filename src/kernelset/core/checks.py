@@ -1,0 +1,75 @@
+"""Argument checks shared by every op. Each error names the op, the argument and what was expected."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .errors import ArgumentError, ArgumentTypeError
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_DTYPE_NAMES = "float32, float16 or bfloat16"
+
+
+def tensor(op: str, name: str, t: object, *, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES,
+           min_ndim: int = 1) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise ArgumentTypeError(op, name, "a torch.Tensor", type(t).__name__)
+    if t.dtype not in dtypes:
+        want = _DTYPE_NAMES if dtypes == FLOAT_DTYPES else " or ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise ArgumentTypeError(op, name, f"of dtype {want}", str(t.dtype).replace("torch.", ""))
+    if t.dim() < min_ndim:
+        raise ArgumentError(op, name, f"at least {min_ndim}-D", f"shape {tuple(t.shape)}")
+    return t
+
+
+def same_device(op: str, name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    if t.device != ref.device:
+        raise ArgumentError(op, name, f"on the same device as '{ref_name}' ({ref.device})", f"device {t.device}")
+
+
+def same_dtype(op: str, name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    if t.dtype != ref.dtype:
+        raise ArgumentTypeError(op, name, f"of the same dtype as '{ref_name}' ({ref.dtype})", str(t.dtype))
+
+
+def shape(op: str, name: str, t: torch.Tensor, expected: tuple[int, ...], what: str = "") -> None:
+    if tuple(t.shape) != tuple(expected):
+        extra = f" ({what})" if what else ""
+        raise ArgumentError(op, name, f"of shape {tuple(expected)}{extra}", f"shape {tuple(t.shape)}")
+
+
+def positive(op: str, name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ArgumentError(op, name, "a finite number > 0", repr(value))
+    return float(value)
+
+
+def finite(op: str, name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ArgumentError(op, name, "a finite number", repr(value))
+    return float(value)
+
+
+def row_stride(t: torch.Tensor) -> int | None:
+    """The one stride between consecutive rows of ``t`` viewed as [rows, t.shape[-1]], or None.
+
+    None when the last dim is not unit-stride or the leading dims do not collapse to one
+    stride (a permuted view); size-1 dims are ignored. A kernel given the result reads row r at
+    ``r * stride``.
+    """
+    n = t.shape[-1]
+    if t.dim() == 0 or (t.stride(-1) != 1 and n > 1):
+        return None
+    stride = None
+    expect = None
+    for size, st in zip(reversed(t.shape[:-1]), reversed(t.stride()[:-1])):
+        if size == 1:
+            continue
+        if stride is None:
+            stride, expect = st, st * size
+        elif st != expect:
+            return None
+        else:
+            expect = st * size
+    return n if stride is None else stride

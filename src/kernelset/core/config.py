@@ -1,0 +1,160 @@
+"""Every environment flag kernelset reads, declared once, typed and documented.
+
+Flags are read from the environment at import and can be overridden for a block:
+
+    with ks.config.override(disable={"triton"}):
+        ...
+
+Changing a flag clears the dispatch cache, so the next call decides again.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from typing import Any, Callable, Iterator
+
+from .enums import Backend
+
+
+def _parse_bool(text: str) -> bool:
+    t = text.strip().lower()
+    if t in ("1", "true", "yes", "on"):
+        return True
+    if t in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected a boolean (1/0, true/false), got {text!r}")
+
+
+def _parse_disable(text: str) -> frozenset[Backend]:
+    items = [s for s in (p.strip() for p in text.split(",")) if s]
+    out = frozenset(Backend.parse(s, what="KS_DISABLE entry") for s in items)
+    if Backend.REFERENCE in out:
+        raise ValueError("KS_DISABLE cannot disable the reference backend: it is the one that always works")
+    return out
+
+
+def _parse_backend_map(text: str) -> dict[str, Backend]:
+    """``rms_norm:triton,layer_norm:reference`` -> {op: Backend}."""
+    out: dict[str, Backend] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        op, sep, name = part.partition(":")
+        if not sep or not op.strip():
+            raise ValueError(f"KS_BACKEND entries are OP:BACKEND, got {part!r}")
+        out[op.strip()] = Backend.parse(name, what=f"KS_BACKEND backend for {op.strip()!r}")
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    name: str  # environment variable
+    field: str  # attribute on Config
+    parse: Callable[[str], Any]
+    default: Any
+    doc: str
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("KS_BACKEND", "backend", _parse_backend_map, {},
+         "Force a backend per op, e.g. 'rms_norm:triton,layer_norm:reference'. Forced backends run or raise."),
+    Flag("KS_DISABLE", "disable", _parse_disable, frozenset(),
+         "Comma-separated backends AUTO must not pick, e.g. 'triton'. Asking for one explicitly raises."),
+    Flag("KS_LOG_DISPATCH", "log_dispatch", _parse_bool, False,
+         "Print each new dispatch decision (op, problem, chosen backend, rejections) to stderr."),
+    Flag("KS_POISON_OUTPUTS", "poison_outputs", _parse_bool, False,
+         "Fill every output kernelset allocates with NaN before the kernel runs (tests: unwritten elements fail)."),
+    Flag("TRITON_INTERPRET", "triton_interpret", _parse_bool, False,
+         "Triton's own flag: run Triton kernels in the interpreter, on CPU tensors too (slow; used by CI)."),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    backend: dict[str, Backend]
+    disable: frozenset[Backend]
+    log_dispatch: bool
+    poison_outputs: bool
+    triton_interpret: bool
+
+
+def _from_env(environ: os._Environ | dict[str, str] = os.environ) -> Config:
+    values = {}
+    for flag in FLAGS:
+        raw = environ.get(flag.name)
+        if raw is None:
+            values[flag.field] = flag.default
+            continue
+        try:
+            values[flag.field] = flag.parse(raw)
+        except ValueError as exc:
+            raise ValueError(f"environment variable {flag.name}={raw!r}: {exc}") from None
+    return Config(**values)
+
+
+_current: Config = _from_env()
+_listeners: list[Callable[[], None]] = []
+
+
+def get() -> Config:
+    return _current
+
+
+def on_change(fn: Callable[[], None]) -> None:
+    """Register a callback run whenever the configuration changes (the dispatcher clears its cache)."""
+    _listeners.append(fn)
+
+
+def _set(cfg: Config) -> None:
+    global _current
+    _current = cfg
+    for fn in _listeners:
+        fn()
+
+
+def reload() -> Config:
+    """Re-read every flag from the environment (after changing os.environ at run time)."""
+    _set(_from_env())
+    return _current
+
+
+def _coerce(field: str, value: Any) -> Any:
+    flag = next((f for f in FLAGS if f.field == field), None)
+    if flag is None:
+        valid = ", ".join(f.field for f in FLAGS)
+        raise ValueError(f"unknown config field {field!r}; valid fields: {valid}")
+    if isinstance(value, str):
+        return flag.parse(value)
+    if field == "disable":
+        return _parse_disable(",".join(str(Backend.parse(v)) for v in value))
+    if field == "backend":
+        return {str(k): Backend.parse(v, what=f"backend for {k!r}") for k, v in dict(value).items()}
+    return type(flag.default)(value)
+
+
+@contextlib.contextmanager
+def override(**fields: Any) -> Iterator[Config]:
+    """Override flags for a block: ``with override(backend={"rms_norm": "reference"}): ...``."""
+    previous = _current
+    _set(dataclasses.replace(previous, **{k: _coerce(k, v) for k, v in fields.items()}))
+    try:
+        yield _current
+    finally:
+        _set(previous)
+
+
+def describe() -> list[tuple[str, str, str]]:
+    """(variable, current value, documentation) for each flag, for ``ksctl env``."""
+    cfg = get()
+    rows = []
+    for flag in FLAGS:
+        value = getattr(cfg, flag.field)
+        if isinstance(value, dict):
+            shown = ",".join(f"{k}:{v}" for k, v in value.items()) or "-"
+        elif isinstance(value, frozenset):
+            shown = ",".join(sorted(str(v) for v in value)) or "-"
+        else:
+            shown = str(value)
+        rows.append((flag.name, shown, flag.doc))
+    return rows

@@ -1,0 +1,170 @@
+"""The dispatcher: picks an implementation per problem and explains the choice.
+
+AUTO walks the implementations in priority order and takes the first whose backend is not
+disabled, whose module imports, whose arch range covers the device and whose ``supports``
+passes; the reference is last and always works. The decision is cached per problem key, so a
+repeated call costs a dict lookup. A named backend (argument or ``KS_BACKEND``) runs or raises
+:class:`UnsupportedError`; it never falls back.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any
+
+from . import config
+from .enums import AUTO, Backend
+from .errors import UnsupportedError
+from .registry import _OPS, Impl, OpSpec, Problem, impls, op
+
+_cache: dict[tuple, Impl] = {}
+config.on_change(_cache.clear)
+
+
+def clear_cache() -> None:
+    _cache.clear()
+
+
+def _requested(spec: OpSpec, backend: str | Backend) -> Backend | None:
+    """The backend a call names (argument first, then KS_BACKEND), None for AUTO."""
+    if backend != AUTO:
+        if isinstance(backend, Backend):
+            return backend
+        if isinstance(backend, str) and backend.strip().lower() == AUTO:
+            return config.get().backend.get(spec.name)
+        valid = ", ".join([AUTO] + [b.value for b in Backend])
+        try:
+            return Backend.parse(backend)
+        except ValueError:
+            raise ValueError(f"{spec.name}: argument 'backend' must be one of {valid}, got {backend!r}") from None
+    return config.get().backend.get(spec.name)
+
+
+def rejection(impl: Impl, problem: Problem, *, backward: bool = False) -> str | None:
+    """Why ``impl`` cannot run ``problem`` (None if it can). Never raises."""
+    if backward and impl.backward is None:
+        return "has no backward"
+    missing = impl.availability()
+    if missing:
+        return missing
+    reason = impl.arch.check(problem.arch)
+    if reason:
+        return reason
+    try:
+        return impl.supports(problem)
+    except Exception as exc:  # a buggy supports() must not take the call down
+        return f"supports() raised {type(exc).__name__}: {exc}"
+
+
+def _resolve(spec: OpSpec, requested: Backend | None, problem: Problem, backward: bool) -> Impl:
+    cfg = config.get()
+    candidates = impls(spec.name)
+    if requested is not None:
+        impl = next((i for i in candidates if i.backend == requested), None)
+        if impl is None:
+            have = ", ".join(str(i.backend) for i in candidates)
+            raise UnsupportedError(spec.name, str(requested), f"no such implementation (have: {have})")
+        if requested in cfg.disable:
+            raise UnsupportedError(spec.name, str(requested), "disabled by KS_DISABLE")
+        reason = rejection(impl, problem, backward=backward)
+        if reason:
+            raise UnsupportedError(spec.name, str(requested), reason)
+        return impl
+    reasons = []
+    for impl in candidates:
+        reason = "disabled by KS_DISABLE" if impl.backend in cfg.disable else rejection(impl, problem, backward=backward)
+        if reason is None:
+            if cfg.log_dispatch:
+                skipped = "; ".join(f"{b}: {r}" for b, r in reasons) or "none"
+                print(f"[kernelset] {problem.describe()}{' backward' if backward else ''} -> {impl.backend}"
+                      f" (rejected: {skipped})", file=sys.stderr)
+            return impl
+        reasons.append((impl.backend, reason))
+    detail = "; ".join(f"{b}: {r}" for b, r in reasons)
+    raise UnsupportedError(spec.name, AUTO, f"no implementation supports {problem.describe()} ({detail})")
+
+
+def select(name: str, backend: str | Backend, args: tuple, kwargs: dict, *, backward: bool = False) -> Impl:
+    """The implementation to run for this call; cached per (op, request, problem key)."""
+    spec = _OPS.get(name) or op(name)
+    ck = (name, backend, backward, spec.key(*args, **kwargs))
+    impl = _cache.get(ck)
+    if impl is None:
+        problem = spec.problem(*args, **kwargs)
+        impl = _resolve(spec, _requested(spec, backend), problem, backward)
+        _cache[ck] = impl
+    return impl
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    backend: Backend
+    priority: int
+    status: str  # "chosen" | "rejected" | "supported" (would run, lower priority)
+    reason: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    op: str
+    problem: Problem
+    requested: Backend | None
+    chosen: Backend | None
+    candidates: tuple[Candidate, ...]
+    error: str | None = None
+
+    def __str__(self) -> str:
+        lines = [f"{self.problem.describe()}",
+                 f"request: {self.requested or AUTO}; chosen: {self.chosen or 'none'}"]
+        if self.error:
+            lines.append(f"error: {self.error}")
+        width = max(len(str(c.backend)) for c in self.candidates) if self.candidates else 8
+        for c in self.candidates:
+            mark = {"chosen": "->", "rejected": " x", "supported": " ."}[c.status]
+            why = f"  {c.reason}" if c.reason else ""
+            lines.append(f"  {mark} {str(c.backend):<{width}}  prio {c.priority:>4}  {c.status}{why}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"Explanation(op={self.op!r}, chosen={str(self.chosen) if self.chosen else None!r})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "op": self.op, "problem": self.problem.describe(),
+            "requested": str(self.requested) if self.requested else AUTO,
+            "chosen": str(self.chosen) if self.chosen else None, "error": self.error,
+            "candidates": [{"backend": str(c.backend), "priority": c.priority, "status": c.status,
+                            "reason": c.reason} for c in self.candidates],
+        }
+
+
+def explain(name: str, *args: Any, backend: str | Backend = AUTO, backward: bool = False,
+            verbose: bool = True, **kwargs: Any) -> Explanation:
+    """Ordered candidates for this call, which one wins, and why each other was rejected."""
+    spec = op(name)
+    problem = spec.problem(*args, **kwargs)
+    requested = _requested(spec, backend)
+    chosen, error = None, None
+    try:
+        chosen = _resolve(spec, requested, problem, backward).backend
+    except UnsupportedError as exc:
+        error = str(exc)
+    cfg = config.get()
+    cands = []
+    for impl in impls(name):
+        reason = "disabled by KS_DISABLE" if impl.backend in cfg.disable else rejection(impl, problem, backward=backward)
+        if impl.backend == chosen:
+            status = "chosen"
+        elif reason is None:
+            status = "supported"
+            if requested is not None:
+                reason = f"not requested (request: {requested})"
+            else:
+                reason = f"lower priority than {chosen}"
+        else:
+            status = "rejected"
+        cands.append(Candidate(impl.backend, impl.priority, status, reason))
+    exp = Explanation(name, problem, requested, chosen, tuple(cands), error)
+    if verbose:
+        print(exp)
+    return exp

@@ -1,0 +1,275 @@
+"""Public functions of the norm family, their torch.library custom ops and autograd.
+
+Eager calls that need no gradient go straight to the dispatcher's cached choice (a few
+microseconds of host time). Calls that need autograd, and every call under torch.compile, go
+through ``torch.ops.kernelset.*`` custom ops with fake implementations, so compiled graphs
+have no breaks; the dispatcher runs inside the op, at run time.
+
+These are ``custom_op`` rather than ``triton_op``: one op serves every backend (the reference
+included), and the backend is chosen when the op runs, not when a graph is traced.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+
+from ...core import checks, dispatch
+from ...core.checks import row_stride
+from ...core.enums import AUTO, Backend, KsEnum
+from ...core.errors import ArgumentError
+from . import backends  # noqa: F401  (declares the ops and registers their implementations)
+
+
+class NormCast(KsEnum):
+    """Where RMSNorm rounds its result to x.dtype, to match HuggingFace bit for bit."""
+
+    LLAMA = "llama"  # normalize in fp32, round to x.dtype, then multiply by (offset + weight)
+    GEMMA = "gemma"  # multiply by (offset + weight) in fp32, then round once
+
+
+class AddNormOutput(NamedTuple):
+    out: torch.Tensor  # rms_norm(x + residual)
+    residual: torch.Tensor  # x + residual, the next layer's residual
+
+
+def _needs_graph(*ts: torch.Tensor | None) -> bool:
+    if torch.compiler.is_compiling():
+        return True
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)
+
+
+def _param(op: str, name: str, t: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
+    if t is None:
+        return None
+    checks.tensor(op, name, t)
+    checks.shape(op, name, t, (x.shape[-1],), "the hidden size, x.shape[-1]")
+    checks.same_device(op, name, t, "x", x)
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _check_x(op: str, x: torch.Tensor) -> None:
+    checks.tensor(op, "x", x)
+    if x.shape[-1] == 0:
+        raise ArgumentError(op, "x", "of hidden size (last dim) >= 1", f"shape {tuple(x.shape)}")
+
+
+def _bwd_ready(t: torch.Tensor) -> torch.Tensor:
+    # Autograd may hand over expanded or oddly strided gradients; kernels need row-strided ones.
+    return t if t.is_contiguous() or row_stride(t) is not None else t.contiguous()
+
+
+# ---- rms_norm -------------------------------------------------------------------------------
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, *, eps: float = 1e-6, offset: float = 0.0,
+             cast: NormCast | str = NormCast.LLAMA, backend: Backend | str = AUTO) -> torch.Tensor:
+    """y = x * rsqrt(mean(x^2) + eps) * (offset + weight) over the last dim.
+
+    fp32 statistics; x ``[..., N]`` of any leading shape (rows may have a stride), weight ``[N]``.
+    ``offset=1.0`` is Gemma's ``(1 + w)``; ``cast`` picks where the result is rounded.
+    Returns y ``[..., N]`` contiguous, in x.dtype.
+    """
+    op = "rms_norm"
+    _check_x(op, x)
+    weight = _param(op, "weight", weight, x)
+    eps = checks.positive(op, "eps", eps)
+    offset = checks.finite(op, "offset", offset)
+    if weight is None and offset != 0.0:
+        raise ArgumentError(op, "offset", "0.0 when weight is None (offset shifts the weight)", offset)
+    gemma = NormCast.parse(cast, what="cast") is NormCast.GEMMA
+    if _needs_graph(x, weight):
+        return torch.ops.kernelset.rms_norm(x, weight, eps, offset, gemma, str(backend))[0]
+    return dispatch.select(op, backend, (x, weight), {}).forward(x, weight, eps, offset, gemma, False)[0]
+
+
+@torch.library.custom_op("kernelset::rms_norm", mutates_args=())
+def _rms_norm_op(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset: float, gemma_cast: bool,
+                 backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    impl = dispatch.select("rms_norm", backend, (x, weight), {})
+    return impl.forward(x, weight, eps, offset, gemma_cast, True)
+
+
+@_rms_norm_op.register_fake
+def _(x, weight, eps, offset, gemma_cast, backend):
+    return x.new_empty(x.shape), x.new_empty(x.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("kernelset::rms_norm_backward", mutates_args=())
+def _rms_norm_bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], rstd: torch.Tensor,
+                     eps: float, offset: float, gemma_cast: bool, dres: Optional[torch.Tensor], op: str,
+                     backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    args = (x, weight) if op == "rms_norm" else (x, x, weight)
+    impl = dispatch.select(op, backend, args, {}, backward=True)
+    dx, dw = impl.backward(_bwd_ready(dy), x, weight, rstd, eps, offset, gemma_cast,
+                           None if dres is None else _bwd_ready(dres))
+    return dx, (dw if dw is not None else x.new_empty(0))
+
+
+@_rms_norm_bwd_op.register_fake
+def _(dy, x, weight, rstd, eps, offset, gemma_cast, dres, op, backend):
+    return x.new_empty(x.shape), (weight.new_empty(weight.shape) if weight is not None else x.new_empty(0))
+
+
+def _rms_setup(ctx, inputs, output):
+    x, weight, eps, offset, gemma_cast, backend = inputs
+    ctx.save_for_backward(x, weight, output[1])
+    ctx.opts = (eps, offset, gemma_cast, backend)
+
+
+def _rms_backward(ctx, dy, drstd):
+    x, weight, rstd = ctx.saved_tensors
+    eps, offset, gemma_cast, backend = ctx.opts
+    dx, dw = torch.ops.kernelset.rms_norm_backward(dy, x, weight, rstd, eps, offset, gemma_cast, None,
+                                                   "rms_norm", backend)
+    return dx, (dw if weight is not None else None), None, None, None, None
+
+
+_rms_norm_op.register_autograd(_rms_backward, setup_context=_rms_setup)
+
+# ---- fused_add_rms_norm ---------------------------------------------------------------------
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, *, eps: float = 1e-6,
+                       offset: float = 0.0, cast: NormCast | str = NormCast.LLAMA, in_place: bool = False,
+                       backend: Backend | str = AUTO) -> AddNormOutput:
+    """h = x + residual (rounded to x.dtype); y = rms_norm(h). Returns ``(out=y, residual=h)``.
+
+    x, residual ``[..., N]`` of one dtype; weight ``[N]``. With ``in_place=True`` h is written
+    into ``residual`` and y into ``x`` (the vLLM/FlashInfer convention), and those are returned.
+    """
+    op = "fused_add_rms_norm"
+    _check_x(op, x)
+    checks.tensor(op, "residual", residual)
+    checks.shape(op, "residual", residual, tuple(x.shape), "x's shape")
+    checks.same_dtype(op, "residual", residual, "x", x)
+    checks.same_device(op, "residual", residual, "x", x)
+    weight = _param(op, "weight", weight, x)
+    eps = checks.positive(op, "eps", eps)
+    offset = checks.finite(op, "offset", offset)
+    if weight is None and offset != 0.0:
+        raise ArgumentError(op, "offset", "0.0 when weight is None (offset shifts the weight)", offset)
+    gemma = NormCast.parse(cast, what="cast") is NormCast.GEMMA
+    if in_place:
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, residual, weight)):
+            raise ArgumentError(op, "in_place", "False when gradients are needed (in-place is for inference)",
+                                True)
+        if x.data_ptr() == residual.data_ptr() and x.numel() > 0:
+            raise ArgumentError(op, "residual", "a different tensor from x when in_place=True", "the same memory")
+        if torch.compiler.is_compiling():
+            torch.ops.kernelset.fused_add_rms_norm_(x, residual, weight, eps, offset, gemma, str(backend))
+        else:
+            dispatch.select(op, backend, (x, residual, weight), {}).forward(
+                x, residual, weight, eps, offset, gemma, False, True)
+        return AddNormOutput(x, residual)
+    if _needs_graph(x, residual, weight):
+        y, h, _ = torch.ops.kernelset.fused_add_rms_norm(x, residual, weight, eps, offset, gemma, str(backend))
+        return AddNormOutput(y, h)
+    y, h, _ = dispatch.select(op, backend, (x, residual, weight), {}).forward(
+        x, residual, weight, eps, offset, gemma, False, False)
+    return AddNormOutput(y, h)
+
+
+@torch.library.custom_op("kernelset::fused_add_rms_norm", mutates_args=())
+def _add_rms_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor], eps: float,
+                     offset: float, gemma_cast: bool, backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    impl = dispatch.select("fused_add_rms_norm", backend, (x, residual, weight), {})
+    return impl.forward(x, residual, weight, eps, offset, gemma_cast, True, False)
+
+
+@_add_rms_norm_op.register_fake
+def _(x, residual, weight, eps, offset, gemma_cast, backend):
+    return x.new_empty(x.shape), x.new_empty(x.shape), x.new_empty(x.shape[:-1], dtype=torch.float32)
+
+
+def _add_setup(ctx, inputs, output):
+    x, residual, weight, eps, offset, gemma_cast, backend = inputs
+    ctx.save_for_backward(output[1], weight, output[2])
+    ctx.opts = (eps, offset, gemma_cast, backend)
+
+
+def _add_backward(ctx, dy, dh, drstd):
+    h, weight, rstd = ctx.saved_tensors
+    eps, offset, gemma_cast, backend = ctx.opts
+    dx, dw = torch.ops.kernelset.rms_norm_backward(dy, h, weight, rstd, eps, offset, gemma_cast, dh,
+                                                   "fused_add_rms_norm", backend)
+    return dx, dx, (dw if weight is not None else None), None, None, None, None
+
+
+_add_rms_norm_op.register_autograd(_add_backward, setup_context=_add_setup)
+
+
+@torch.library.custom_op("kernelset::fused_add_rms_norm_", mutates_args=("x", "residual"))
+def _add_rms_norm_inplace_op(x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor], eps: float,
+                             offset: float, gemma_cast: bool, backend: str) -> None:
+    impl = dispatch.select("fused_add_rms_norm", backend, (x, residual, weight), {})
+    impl.forward(x, residual, weight, eps, offset, gemma_cast, False, True)
+
+
+@_add_rms_norm_inplace_op.register_fake
+def _(x, residual, weight, eps, offset, gemma_cast, backend):
+    return None
+
+
+# ---- layer_norm -----------------------------------------------------------------------------
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None, *,
+               eps: float = 1e-5, backend: Backend | str = AUTO) -> torch.Tensor:
+    """y = (x - mean) * rsqrt(var + eps) * weight + bias over the last dim (biased variance).
+
+    fp32 statistics; x ``[..., N]``, weight and bias ``[N]`` or None. Returns y in x.dtype.
+    """
+    op = "layer_norm"
+    _check_x(op, x)
+    weight = _param(op, "weight", weight, x)
+    bias = _param(op, "bias", bias, x)
+    eps = checks.positive(op, "eps", eps)
+    if _needs_graph(x, weight, bias):
+        return torch.ops.kernelset.layer_norm(x, weight, bias, eps, str(backend))[0]
+    return dispatch.select(op, backend, (x, weight, bias), {}).forward(x, weight, bias, eps, False)[0]
+
+
+@torch.library.custom_op("kernelset::layer_norm", mutates_args=())
+def _layer_norm_op(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float,
+                   backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    impl = dispatch.select("layer_norm", backend, (x, weight, bias), {})
+    return impl.forward(x, weight, bias, eps, True)
+
+
+@_layer_norm_op.register_fake
+def _(x, weight, bias, eps, backend):
+    stat = x.new_empty(x.shape[:-1], dtype=torch.float32)
+    return x.new_empty(x.shape), stat, stat.new_empty(stat.shape)
+
+
+@torch.library.custom_op("kernelset::layer_norm_backward", mutates_args=())
+def _layer_norm_bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
+                       bias: Optional[torch.Tensor], mean: torch.Tensor, rstd: torch.Tensor, eps: float,
+                       backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    impl = dispatch.select("layer_norm", backend, (x, weight, bias), {}, backward=True)
+    dx, dw, db = impl.backward(_bwd_ready(dy), x, weight, bias, mean, rstd, eps)
+    empty = x.new_empty(0)
+    return dx, (dw if dw is not None else empty), (db if db is not None else empty.clone())
+
+
+@_layer_norm_bwd_op.register_fake
+def _(dy, x, weight, bias, mean, rstd, eps, backend):
+    return (x.new_empty(x.shape), weight.new_empty(weight.shape) if weight is not None else x.new_empty(0),
+            bias.new_empty(bias.shape) if bias is not None else x.new_empty(0))
+
+
+def _ln_setup(ctx, inputs, output):
+    x, weight, bias, eps, backend = inputs
+    ctx.save_for_backward(x, weight, bias, output[1], output[2])
+    ctx.opts = (eps, backend)
+
+
+def _ln_backward(ctx, dy, dmean, drstd):
+    x, weight, bias, mean, rstd = ctx.saved_tensors
+    eps, backend = ctx.opts
+    dx, dw, db = torch.ops.kernelset.layer_norm_backward(dy, x, weight, bias, mean, rstd, eps, backend)
+    return dx, (dw if weight is not None else None), (db if bias is not None else None), None, None
+
+
+_layer_norm_op.register_autograd(_ln_backward, setup_context=_ln_setup)

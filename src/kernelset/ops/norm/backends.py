@@ -1,0 +1,216 @@
+"""Declarations of the norm ops and their implementations (the registry's records).
+
+Every backend's forward/backward takes the same arguments, so the one autograd path in
+``api.py`` serves them all:
+
+- rms_norm: fwd(x, w, eps, offset, gemma_cast, stats) -> (y, rstd); bwd(dy, x, w, rstd, eps, offset,
+  gemma_cast, dres) -> (dx, dw)
+- fused_add_rms_norm: fwd(x, residual, w, eps, offset, gemma_cast, stats, in_place) -> (y, h, rstd);
+  bwd as rms_norm at h (dres carries the gradient of h)
+- layer_norm: fwd(x, w, b, eps, stats) -> (y, mean, rstd); bwd(dy, x, w, b, mean, rstd, eps) -> (dx, dw, db)
+
+dw/db come back in the parameter's dtype; stats are fp32 [...] (x's leading shape).
+"""
+from __future__ import annotations
+
+import torch
+
+from ...core import config
+from ...core.arch import ArchRange, device_arch
+from ...core.checks import row_stride
+from ...core.enums import Backend
+from ...core.registry import BenchCase, Cost, Impl, OpSpec, Problem, declare_op, register_impl
+from . import reference as ref
+
+# ---- problems -------------------------------------------------------------------------------
+
+
+def _rows_ok(t: torch.Tensor | None) -> bool:
+    return t is None or t.is_contiguous() or row_stride(t) is not None
+
+
+def _key(x, *others):
+    return (x.device, x.dtype, x.shape[-1], tuple(None if t is None else t.dtype for t in others),
+            _rows_ok(x) and all(_rows_ok(t) for t in others))
+
+
+def _problem(op: str, x: torch.Tensor, named: dict[str, torch.Tensor | None]) -> Problem:
+    n = x.shape[-1]
+    rows = x.numel() // n if n else 0
+    attrs = {"hidden": n}
+    for name, t in named.items():
+        attrs[name] = "none" if t is None else str(t.dtype).replace("torch.", "")
+    attrs["rows_ok"] = _rows_ok(x) and all(_rows_ok(t) for t in named.values())
+    return Problem(op, x.device, x.dtype, (rows, n), device_arch(x.device), attrs)
+
+
+def _rms_key(x, weight):
+    return _key(x, weight)
+
+
+def _rms_problem(x, weight):
+    return _problem("rms_norm", x, {"weight": weight})
+
+
+def _add_key(x, residual, weight):
+    return _key(x, residual, weight)
+
+
+def _add_problem(x, residual, weight):
+    return _problem("fused_add_rms_norm", x, {"residual": residual, "weight": weight})
+
+
+def _ln_key(x, weight, bias):
+    return _key(x, weight, bias)
+
+
+def _ln_problem(x, weight, bias):
+    return _problem("layer_norm", x, {"weight": weight, "bias": bias})
+
+
+# ---- byte models ----------------------------------------------------------------------------
+
+
+def _cost(passes_fwd: int, passes_bwd: int, what_fwd: str, what_bwd: str, params: int):
+    def cost(shape: tuple[int, ...], dtype: torch.dtype, mode: str) -> Cost:
+        m, n = shape
+        s = torch.empty((), dtype=dtype).element_size()
+        if mode == "fwd":
+            return Cost(passes_fwd * m * n * s + params * n * s, 0, what_fwd)
+        return Cost((passes_fwd + passes_bwd) * m * n * s + 3 * params * n * s, 0, f"{what_fwd}; {what_bwd}")
+    return cost
+
+
+def _sweep(mode: str = "fwd") -> tuple[BenchCase, ...]:
+    # % of copy bandwidth vs hidden size, 256 MiB of bf16 input per case.
+    return tuple(BenchCase(((1 << 27) // n, n), mode, sweep=True) for n in (1024, 2048, 4096, 8192, 16384, 32768,
+                                                                            65536, 131072, 262144))
+
+
+RMS_NORM = declare_op(OpSpec(
+    name="rms_norm", family="norm",
+    signature="rms_norm(x, weight=None, *, eps=1e-6, offset=0.0, cast=NormCast.LLAMA, backend='auto')",
+    doc="y = x * rsqrt(mean(x^2, -1) + eps) * (offset + weight); fp32 statistics",
+    reference=lambda x, weight=None, eps=1e-6, offset=0.0, gemma_cast=False: ref.rms_norm_ref(
+        x, weight, eps, offset, gemma_cast)[0],
+    tolerance="norm", key=_rms_key, problem=_rms_problem,
+    cost=_cost(2, 3, "read x, write y", "read x and dy, write dx", 1),
+    bench=(BenchCase((32768, 4096), "fwd", bar_pct=95.0), BenchCase((16384, 8192), "fwd", bar_pct=95.0),
+           BenchCase((4096, 65536), "fwd", bar_pct=90.0), BenchCase((1024, 262144), "fwd", bar_pct=90.0),
+           BenchCase((32768, 4096), "fwd+bwd", bar_pct=80.0), BenchCase((16384, 8192), "fwd+bwd", bar_pct=80.0),
+           BenchCase((4096, 65536), "fwd+bwd")) + _sweep(),
+    c_abi=True,
+))
+
+FUSED_ADD_RMS_NORM = declare_op(OpSpec(
+    name="fused_add_rms_norm", family="norm",
+    signature="fused_add_rms_norm(x, residual, weight, *, eps=1e-6, offset=0.0, cast=NormCast.LLAMA, "
+              "in_place=False, backend='auto') -> (out, residual)",
+    doc="h = x + residual; y = rms_norm(h); returns (y, h), or writes h into residual and y into x",
+    reference=lambda x, residual, weight=None, eps=1e-6, offset=0.0, gemma_cast=False: ref.fused_add_rms_norm_ref(
+        x, residual, weight, eps, offset, gemma_cast)[:2],
+    tolerance="norm", key=_add_key, problem=_add_problem,
+    cost=_cost(4, 4, "read x and residual, write y and h", "read h, dy and dh, write dx", 1),
+    bench=(BenchCase((32768, 4096), "fwd", bar_pct=95.0), BenchCase((32768, 4096), "fwd+bwd")),
+    c_abi=True,
+))
+
+LAYER_NORM = declare_op(OpSpec(
+    name="layer_norm", family="norm",
+    signature="layer_norm(x, weight=None, bias=None, *, eps=1e-5, backend='auto')",
+    doc="y = (x - mean(x)) * rsqrt(var(x) + eps) * weight + bias over the last dim; fp32 statistics",
+    reference=lambda x, weight=None, bias=None, eps=1e-5: ref.layer_norm_ref(x, weight, bias, eps)[0],
+    tolerance="norm", key=_ln_key, problem=_ln_problem,
+    cost=_cost(2, 3, "read x, write y", "read x and dy, write dx", 2),
+    bench=(BenchCase((16384, 8192), "fwd", bar_pct=90.0), BenchCase((16384, 8192), "fwd+bwd", bar_pct=75.0),
+           BenchCase((32768, 4096), "fwd"), BenchCase((4096, 65536), "fwd")),
+    c_abi=True,
+))
+
+# ---- triton ---------------------------------------------------------------------------------
+
+
+def _triton_supports(p: Problem) -> str | None:
+    if p.device.type != "cuda" and not (p.device.type == "cpu" and config.get().triton_interpret):
+        return (f"Triton kernels need a CUDA tensor (x is on {p.device}); "
+                "set TRITON_INTERPRET=1 to run them on CPU tensors")
+    if not p["rows_ok"]:
+        return "the rows of a tensor do not share one stride with a unit-stride last dim (pass .contiguous())"
+    return None
+
+
+def _cast(t: torch.Tensor | None, like: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None or like is None else t.to(like.dtype)
+
+
+def _t_rms_fwd(x, weight, eps, offset, gemma_cast, stats):
+    from .launch import norm_fwd
+    y, _, _, rstd = norm_fwd(x, weight, None, eps=eps, offset=offset, is_rms=True, gemma_cast=gemma_cast,
+                             stats=stats)
+    return y, rstd
+
+
+def _t_rms_bwd(dy, x, weight, rstd, eps, offset, gemma_cast, dres):
+    from .launch import norm_bwd
+    dx, dw, _ = norm_bwd(dy, x, weight, None, rstd, offset=offset, is_rms=True, gemma_cast=gemma_cast,
+                         has_bias=False, dres=dres)
+    return dx, _cast(dw, weight)
+
+
+def _t_add_fwd(x, residual, weight, eps, offset, gemma_cast, stats, in_place):
+    from .launch import norm_fwd
+    y, h, _, rstd = norm_fwd(x, weight, None, eps=eps, offset=offset, is_rms=True, gemma_cast=gemma_cast,
+                             stats=stats, residual=residual, out=x if in_place else None,
+                             h_out=residual if in_place else None)
+    return y, h, rstd
+
+
+def _t_ln_fwd(x, weight, bias, eps, stats):
+    from .launch import norm_fwd
+    y, _, mean, rstd = norm_fwd(x, weight, bias, eps=eps, is_rms=False, gemma_cast=True, stats=stats)
+    return y, mean, rstd
+
+
+def _t_ln_bwd(dy, x, weight, bias, mean, rstd, eps):
+    from .launch import norm_bwd
+    dx, dw, db = norm_bwd(dy, x, weight, mean, rstd, is_rms=False, gemma_cast=True, has_bias=bias is not None)
+    return dx, _cast(dw, weight), _cast(db, bias)
+
+
+_TRITON = dict(backend=Backend.TRITON, supports=_triton_supports, priority=100, arch=ArchRange(min=(7, 0)),
+               requires=("triton",), note="kernelset's own; block kernel per row group, looped kernel for long rows")
+
+register_impl(Impl(op="rms_norm", forward=_t_rms_fwd, backward=_t_rms_bwd, **_TRITON))
+register_impl(Impl(op="fused_add_rms_norm", forward=_t_add_fwd, backward=_t_rms_bwd, **_TRITON))
+register_impl(Impl(op="layer_norm", forward=_t_ln_fwd, backward=_t_ln_bwd, **_TRITON))
+
+# ---- reference ------------------------------------------------------------------------------
+
+
+def _always(p: Problem) -> str | None:
+    return None
+
+
+def _r_rms_fwd(x, weight, eps, offset, gemma_cast, stats):
+    return ref.rms_norm_ref(x, weight, eps, offset, gemma_cast)
+
+
+def _r_add_fwd(x, residual, weight, eps, offset, gemma_cast, stats, in_place):
+    y, h, rstd = ref.fused_add_rms_norm_ref(x, residual, weight, eps, offset, gemma_cast)
+    if in_place:
+        residual.copy_(h)
+        x.copy_(y)
+        return x, residual, rstd
+    return y, h, rstd
+
+
+def _r_ln_fwd(x, weight, bias, eps, stats):
+    return ref.layer_norm_ref(x, weight, bias, eps)
+
+
+_REFERENCE = dict(backend=Backend.REFERENCE, supports=_always, priority=0,
+                  note="fp32 math in plain torch ops; any device")
+
+register_impl(Impl(op="rms_norm", forward=_r_rms_fwd, backward=ref.rms_norm_bwd_ref, **_REFERENCE))
+register_impl(Impl(op="fused_add_rms_norm", forward=_r_add_fwd, backward=ref.rms_norm_bwd_ref, **_REFERENCE))
+register_impl(Impl(op="layer_norm", forward=_r_ln_fwd, backward=ref.layer_norm_bwd_ref, **_REFERENCE))

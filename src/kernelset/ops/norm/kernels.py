@@ -1,0 +1,265 @@
+"""Triton kernels of the norm family (RMSNorm and LayerNorm share them through ``IS_RMS``).
+
+Rows are addressed as ``row * stride``; the last dim is unit-stride (the launcher checks).
+All statistics are fp32. Two shapes of kernel:
+
+- block kernels keep ``ROWS`` whole rows in registers (hidden size up to the launch policy's
+  limit): one read of x, one write of y;
+- looped kernels walk one long row in ``BLOCK_N`` chunks: a first pass for the statistics and
+  a second pass, in reverse chunk order, that finds the most recently read chunks still in L2,
+  so a row larger than the register file still costs about one read from HBM.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _norm_fwd_kernel(X, R, W, B, Y, H, MEAN, RSTD, M, N, stride_x, stride_r, stride_y, stride_h, eps, offset,
+                     IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, GEMMA_CAST: tl.constexpr, STORE_STATS: tl.constexpr,
+                     ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    rows = pid * ROWS + tl.arange(0, ROWS).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    rmask = rows < M
+    cmask = cols < N
+    mask = rmask[:, None] & cmask[None, :]
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
+        # h is rounded to the storage dtype, exactly as torch's x + residual is
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(H.dtype.element_ty)
+        tl.store(H + rows[:, None] * stride_h + cols[None, :], x, mask=mask)
+    xf = x.to(tl.float32)
+    if IS_RMS:
+        var = tl.sum(xf * xf, axis=1) / N
+        xc = xf
+    else:
+        mean = tl.sum(xf, axis=1) / N
+        xc = tl.where(mask, xf - mean[:, None], 0.0)
+        var = tl.sum(xc * xc, axis=1) / N
+    rstd = tl.rsqrt(var + eps)
+    xn = xc * rstd[:, None]
+    if HAS_WEIGHT:
+        w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32) + offset
+        if GEMMA_CAST:
+            y = xn * w[None, :]
+        else:  # Llama: round the normalized value first, then scale
+            y = xn.to(Y.dtype.element_ty).to(tl.float32) * w[None, :]
+    else:
+        y = xn
+    if HAS_BIAS:
+        y += tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    if STORE_STATS:
+        tl.store(RSTD + rows, rstd, mask=rmask)
+        if not IS_RMS:
+            tl.store(MEAN + rows, mean, mask=rmask)
+
+
+@triton.jit
+def _norm_fwd_looped_kernel(X, R, W, B, Y, H, MEAN, RSTD, M, N, stride_x, stride_r, stride_y, stride_h, eps,
+                            offset, IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                            HAS_BIAS: tl.constexpr, GEMMA_CAST: tl.constexpr, STORE_STATS: tl.constexpr,
+                            BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = X + row * stride_x
+    h_row = H + row * stride_h
+    cols0 = tl.arange(0, BLOCK_N)
+    # Pass 1: statistics. LayerNorm merges per-chunk (mean, M2) pairs (Chan et al.), which is
+    # as exact as two passes over the row without a third read.
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    mean = 0.0
+    m2 = 0.0
+    count = 0.0
+    for start in range(0, N, BLOCK_N):
+        cols = start + cols0
+        m = cols < N
+        x = tl.load(x_row + cols, mask=m, other=0.0, eviction_policy="evict_last")
+        if HAS_RESIDUAL:
+            r = tl.load(R + row * stride_r + cols, mask=m, other=0.0, eviction_policy="evict_first")
+            x = (x.to(tl.float32) + r.to(tl.float32)).to(H.dtype.element_ty)
+            tl.store(h_row + cols, x, mask=m, eviction_policy="evict_last")
+        xf = x.to(tl.float32)
+        if IS_RMS:
+            acc += xf * xf
+        else:
+            n_c = tl.minimum(N - start, BLOCK_N).to(tl.float32)
+            mean_c = tl.sum(xf, axis=0) / n_c
+            d = tl.where(m, xf - mean_c, 0.0)
+            m2_c = tl.sum(d * d, axis=0)
+            total = count + n_c
+            delta = mean_c - mean
+            mean += delta * (n_c / total)
+            m2 += m2_c + delta * delta * (count * n_c / total)
+            count = total
+    if IS_RMS:
+        var = tl.sum(acc, axis=0) / N
+    else:
+        var = m2 / N
+    rstd = tl.rsqrt(var + eps)
+    # Pass 2: normalize, last chunk first (it is the likeliest still in L2).
+    src = h_row if HAS_RESIDUAL else x_row
+    n_chunks = tl.cdiv(N, BLOCK_N)
+    for i in range(0, n_chunks):
+        cols = (n_chunks - 1 - i) * BLOCK_N + cols0
+        m = cols < N
+        xf = tl.load(src + cols, mask=m, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        if IS_RMS:
+            xn = xf * rstd
+        else:
+            xn = (xf - mean) * rstd
+        if HAS_WEIGHT:
+            w = tl.load(W + cols, mask=m, other=0.0).to(tl.float32) + offset
+            if GEMMA_CAST:
+                y = xn * w
+            else:
+                y = xn.to(Y.dtype.element_ty).to(tl.float32) * w
+        else:
+            y = xn
+        if HAS_BIAS:
+            y += tl.load(B + cols, mask=m, other=0.0).to(tl.float32)
+        tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=m)
+    if STORE_STATS:
+        tl.store(RSTD + row, rstd)
+        if not IS_RMS:
+            tl.store(MEAN + row, mean)
+
+
+@triton.jit
+def _norm_bwd_kernel(DY, X, W, MEAN, RSTD, DRES, DX, DW_PART, DB_PART, M, N, stride_dy, stride_x, stride_dres,
+                     stride_dx, offset, IS_RMS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     HAS_DRES: tl.constexpr, GEMMA_CAST: tl.constexpr, ROWS: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
+    # Persistent: each program walks row blocks pid, pid + nprog, ... and keeps its share of
+    # dw/db in registers; the launcher sums the [nprog, N] partials.
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    if HAS_WEIGHT:
+        w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32) + offset
+    dw_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+    db_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+    n_blocks = tl.cdiv(M, ROWS)
+    for blk in range(pid, n_blocks, nprog):
+        rows = (blk * ROWS + tl.arange(0, ROWS)).to(tl.int64)  # blk * ROWS < M fits int32
+        rmask = rows < M
+        mask = rmask[:, None] & cmask[None, :]
+        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + rows, mask=rmask, other=0.0)
+        if IS_RMS:
+            xhat = x * rstd[:, None]
+        else:
+            mean = tl.load(MEAN + rows, mask=rmask, other=0.0)
+            xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+        if HAS_WEIGHT:
+            wdy = dy * w[None, :]
+            if GEMMA_CAST:
+                dw_acc += dy * xhat
+            else:  # the forward multiplied w by xhat rounded to the storage dtype
+                dw_acc += dy * xhat.to(X.dtype.element_ty).to(tl.float32)
+        else:
+            wdy = dy
+        if HAS_BIAS:
+            db_acc += dy
+        c1 = tl.sum(xhat * wdy, axis=1) / N
+        if IS_RMS:
+            dx = (wdy - xhat * c1[:, None]) * rstd[:, None]
+        else:
+            c2 = tl.sum(wdy, axis=1) / N
+            dx = (wdy - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+        if HAS_DRES:
+            dx += tl.load(DRES + rows[:, None] * stride_dres + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+    if HAS_WEIGHT:
+        tl.store(DW_PART + pid.to(tl.int64) * N + cols, tl.sum(dw_acc, axis=0), mask=cmask)
+    if HAS_BIAS:
+        tl.store(DB_PART + pid.to(tl.int64) * N + cols, tl.sum(db_acc, axis=0), mask=cmask)
+
+
+@triton.jit
+def _norm_bwd_looped_kernel(DY, X, W, MEAN, RSTD, DRES, DX, M, N, stride_dy, stride_x, stride_dres, stride_dx,
+                            offset, IS_RMS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_DRES: tl.constexpr,
+                            BLOCK_N: tl.constexpr):
+    # dx for one long row; dw/db come from _norm_bwd_dwdb_kernel.
+    row = tl.program_id(0).to(tl.int64)
+    x_row = X + row * stride_x
+    dy_row = DY + row * stride_dy
+    cols0 = tl.arange(0, BLOCK_N)
+    rstd = tl.load(RSTD + row)
+    if IS_RMS:
+        mean = 0.0
+    else:
+        mean = tl.load(MEAN + row)
+    acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        cols = start + cols0
+        m = cols < N
+        x = tl.load(x_row + cols, mask=m, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        dy = tl.load(dy_row + cols, mask=m, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        xhat = tl.where(m, (x - mean) * rstd, 0.0)
+        if HAS_WEIGHT:
+            dy = dy * (tl.load(W + cols, mask=m, other=0.0).to(tl.float32) + offset)
+        acc1 += xhat * dy
+        acc2 += dy
+    c1 = tl.sum(acc1, axis=0) / N
+    c2 = tl.sum(acc2, axis=0) / N
+    n_chunks = tl.cdiv(N, BLOCK_N)
+    for i in range(0, n_chunks):
+        cols = (n_chunks - 1 - i) * BLOCK_N + cols0
+        m = cols < N
+        x = tl.load(x_row + cols, mask=m, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        dy = tl.load(dy_row + cols, mask=m, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        xhat = (x - mean) * rstd
+        if HAS_WEIGHT:
+            dy = dy * (tl.load(W + cols, mask=m, other=0.0).to(tl.float32) + offset)
+        if IS_RMS:
+            dx = (dy - xhat * c1) * rstd
+        else:
+            dx = (dy - xhat * c1 - c2) * rstd
+        if HAS_DRES:
+            dx += tl.load(DRES + row * stride_dres + cols, mask=m, other=0.0).to(tl.float32)
+        tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _norm_bwd_dwdb_kernel(DY, X, MEAN, RSTD, DW_PART, DB_PART, M, N, stride_dy, stride_x, rows_per_prog,
+                          IS_RMS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          GEMMA_CAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # Column-tiled partial sums of dy * xhat (dw) and dy (db) over a group of rows.
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    row_start = pid_m * rows_per_prog
+    row_end = tl.minimum(row_start + rows_per_prog, M)
+    dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    db_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for r0 in range(row_start, row_end, BLOCK_M):
+        rows = r0 + tl.arange(0, BLOCK_M)
+        rmask = rows < row_end
+        rows = rows.to(tl.int64)
+        mask = rmask[:, None] & cmask[None, :]
+        dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if HAS_WEIGHT:
+            x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            rstd = tl.load(RSTD + rows, mask=rmask, other=0.0)
+            if IS_RMS:
+                xhat = x * rstd[:, None]
+            else:
+                mean = tl.load(MEAN + rows, mask=rmask, other=0.0)
+                xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+            if not GEMMA_CAST:
+                xhat = xhat.to(X.dtype.element_ty).to(tl.float32)
+            dw_acc += dy * xhat
+        if HAS_BIAS:
+            db_acc += dy
+    if HAS_WEIGHT:
+        tl.store(DW_PART + pid_m.to(tl.int64) * N + cols, tl.sum(dw_acc, axis=0), mask=cmask)
+    if HAS_BIAS:
+        tl.store(DB_PART + pid_m.to(tl.int64) * N + cols, tl.sum(db_acc, axis=0), mask=cmask)

@@ -1,0 +1,90 @@
+"""Launchers of the norm Triton kernels: shapes, strides, outputs, and the policy's choice.
+
+The caller (the dispatcher, through ``supports``) has already checked dtypes, devices and that
+every tensor's rows share one stride with a unit-stride last dim.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...core.alloc import empty
+from ...core.checks import row_stride
+from .kernels import (_norm_bwd_dwdb_kernel, _norm_bwd_kernel, _norm_bwd_looped_kernel, _norm_fwd_kernel,
+                      _norm_fwd_looped_kernel)
+from .policy import NormTuning, active, bwd_policy, fwd_policy, sm_count
+
+
+def _rows(x: torch.Tensor) -> int:
+    n = x.shape[-1]
+    return x.numel() // n if n else 0
+
+
+def norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, *, eps: float,
+             offset: float = 0.0, is_rms: bool, gemma_cast: bool, stats: bool = True,
+             residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
+             h_out: torch.Tensor | None = None, tuning: NormTuning | None = None):
+    """Returns (y, h or None, mean or None, rstd or None); y/h written into out/h_out when given."""
+    n = x.shape[-1]
+    m = _rows(x)
+    y = out if out is not None else empty(x.shape, x.dtype, x.device)
+    h = None
+    if residual is not None:
+        h = h_out if h_out is not None else empty(x.shape, x.dtype, x.device)
+    rstd = empty(x.shape[:-1], torch.float32, x.device) if stats else None
+    mean = empty(x.shape[:-1], torch.float32, x.device) if stats and not is_rms else None
+    if m == 0:
+        return y, h, mean, rstd
+    tuning = tuning or active()
+    p = fwd_policy(m, n, sm_count(x.device), tuning)
+    r = residual if residual is not None else x
+    hh = h if h is not None else y
+    args = (x, r, weight if weight is not None else y, bias if bias is not None else y, y, hh,
+            mean if mean is not None else y, rstd if rstd is not None else y, m, n,
+            row_stride(x), row_stride(r), row_stride(y), row_stride(hh), eps, offset)
+    flags = dict(IS_RMS=is_rms, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
+                 HAS_BIAS=bias is not None, GEMMA_CAST=gemma_cast, STORE_STATS=stats)
+    if p.looped:
+        _norm_fwd_looped_kernel[(p.grid,)](*args, **flags, BLOCK_N=p.block_n, num_warps=p.num_warps)
+    else:
+        _norm_fwd_kernel[(p.grid,)](*args, **flags, ROWS=p.rows, BLOCK_N=p.block_n, num_warps=p.num_warps)
+    return y, h, mean, rstd
+
+
+def norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, mean: torch.Tensor | None,
+             rstd: torch.Tensor, *, offset: float = 0.0, is_rms: bool, gemma_cast: bool, has_bias: bool,
+             dres: torch.Tensor | None = None, tuning: NormTuning | None = None):
+    """Returns (dx, dw or None, db or None) with dw/db in fp32; dx += dres when given."""
+    n = x.shape[-1]
+    m = _rows(x)
+    dx = empty(x.shape, x.dtype, x.device)
+    if m == 0:
+        zero = torch.zeros(n, dtype=torch.float32, device=x.device)
+        return dx, (zero if weight is not None else None), (zero.clone() if has_bias else None)
+    tuning = tuning or active()
+    p = bwd_policy(m, n, sm_count(x.device), tuning)
+    has_w = weight is not None
+    parts = p.dwdb_grid[1] if p.looped else p.grid
+    dw_part = empty((parts, n), torch.float32, x.device) if has_w else None
+    db_part = empty((parts, n), torch.float32, x.device) if has_bias else None
+    dummy = dx
+    st = (mean if mean is not None else rstd, rstd)
+    if p.looped:
+        _norm_bwd_looped_kernel[(p.grid,)](
+            dy, x, weight if has_w else dummy, st[0], st[1], dres if dres is not None else dummy, dx, m, n,
+            row_stride(dy), row_stride(x), row_stride(dres) if dres is not None else 0, row_stride(dx), offset,
+            IS_RMS=is_rms, HAS_WEIGHT=has_w, HAS_DRES=dres is not None, BLOCK_N=p.block_n,
+            num_warps=p.num_warps)
+        if has_w or has_bias:
+            _norm_bwd_dwdb_kernel[p.dwdb_grid](
+                dy, x, st[0], st[1], dw_part if has_w else dummy, db_part if has_bias else dummy, m, n,
+                row_stride(dy), row_stride(x), p.dwdb_rows_per_prog, IS_RMS=is_rms, HAS_WEIGHT=has_w,
+                HAS_BIAS=has_bias, GEMMA_CAST=gemma_cast, BLOCK_M=tuning.dwdb_block_m,
+                BLOCK_N=tuning.dwdb_block_n, num_warps=4)
+    else:
+        _norm_bwd_kernel[(p.grid,)](
+            dy, x, weight if has_w else dummy, st[0], st[1], dres if dres is not None else dummy, dx,
+            dw_part if has_w else dummy, db_part if has_bias else dummy, m, n, row_stride(dy), row_stride(x),
+            row_stride(dres) if dres is not None else 0, row_stride(dx), offset, IS_RMS=is_rms, HAS_WEIGHT=has_w,
+            HAS_BIAS=has_bias, HAS_DRES=dres is not None, GEMMA_CAST=gemma_cast, ROWS=p.rows, BLOCK_N=p.block_n,
+            num_warps=p.num_warps)
+    return dx, (dw_part.sum(0) if has_w else None), (db_part.sum(0) if has_bias else None)

@@ -1,0 +1,101 @@
+"""Launch policy of the norm kernels: one pure function per direction, no Triton import.
+
+Used by the launchers, the tests (to force each kernel shape on small inputs) and the GPU
+tuning sweep (``scripts/gpu_check.py``), which passes other :class:`NormTuning` values.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+from typing import Iterator
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class NormTuning:
+    max_block_fwd: int = 16384  # widest row kept whole in registers by the forward
+    max_block_bwd: int = 8192  # same for the backward (holds x, dy and the dw partial)
+    fwd_tile: int = 2048  # rows per program are added until a program covers this many elements
+    bwd_tile: int = 1024
+    fwd_elems_per_thread: int = 16  # fixes num_warps: tile / (32 * this)
+    bwd_elems_per_thread: int = 8
+    bwd_threads_per_sm: int = 2048  # persistent backward grid: SMs * this / threads per program
+    looped_block: int = 8192  # chunk of the looped kernels (rows wider than max_block_*)
+    looped_warps: int = 16
+    dwdb_block_m: int = 32
+    dwdb_block_n: int = 128
+    dwdb_programs_per_sm: int = 4
+
+
+DEFAULT_TUNING = NormTuning()
+_active = [DEFAULT_TUNING]
+
+
+def active() -> NormTuning:
+    return _active[-1]
+
+
+@contextlib.contextmanager
+def use(tuning: NormTuning) -> Iterator[NormTuning]:
+    """Launch with other tuning values inside a block (tests force the looped kernels on small
+    rows this way; the GPU sweep compares candidates)."""
+    _active.append(tuning)
+    try:
+        yield tuning
+    finally:
+        _active.pop()
+
+
+@dataclasses.dataclass(frozen=True)
+class NormLaunch:
+    looped: bool
+    block_n: int
+    rows: int  # rows per program (block kernels); 1 for looped
+    num_warps: int
+    grid: int  # programs of the main kernel
+    dwdb_grid: tuple[int, int] = (0, 0)  # looped backward: (column tiles, row groups)
+    dwdb_rows_per_prog: int = 0
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _clamp(v: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, v))
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # the interpreter: a few programs, so grid-stride loops are exercised
+
+
+def fwd_policy(m: int, n: int, sms: int, t: NormTuning) -> NormLaunch:
+    block = _pow2(n)
+    if block > t.max_block_fwd:
+        chunk = min(t.looped_block, block)
+        return NormLaunch(True, chunk, 1, t.looped_warps, m)
+    rows = _clamp(t.fwd_tile // block, 1, min(64, _pow2(m)))
+    warps = _clamp(rows * block // (32 * t.fwd_elems_per_thread), 1, 32)
+    return NormLaunch(False, block, rows, _pow2(warps), -(-m // rows))
+
+
+def bwd_policy(m: int, n: int, sms: int, t: NormTuning) -> NormLaunch:
+    block = _pow2(n)
+    if block > t.max_block_bwd:
+        chunk = min(t.looped_block, block)
+        col_tiles = -(-n // t.dwdb_block_n)
+        groups = _clamp(sms * t.dwdb_programs_per_sm // col_tiles, 1, -(-m // t.dwdb_block_m))
+        rows_per_prog = -(-m // groups)
+        rows_per_prog = -(-rows_per_prog // t.dwdb_block_m) * t.dwdb_block_m
+        groups = -(-m // rows_per_prog)
+        return NormLaunch(True, chunk, 1, t.looped_warps, m, (col_tiles, groups), rows_per_prog)
+    rows = _clamp(t.bwd_tile // block, 1, min(32, _pow2(m)))
+    warps = _pow2(_clamp(rows * block // (32 * t.bwd_elems_per_thread), 1, 16))
+    per_sm = max(1, t.bwd_threads_per_sm // (32 * warps))
+    grid = max(1, min(-(-m // rows), sms * per_sm))
+    return NormLaunch(False, block, rows, warps, grid)

@@ -1,0 +1,265 @@
+"""Every norm implementation against the fp32 reference, forward and every gradient.
+
+Implementations come from the registry, so a new backend is tested without editing this file.
+Outputs are NaN-poisoned (KS_POISON_OUTPUTS, see conftest) so an unwritten element fails.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import kernelset as ks
+from kernelset.core.registry import impls
+from kernelset.core.tolerance import rel_err, tolerance
+from kernelset.ops.norm import policy
+from kernelset.ops.norm.reference import fused_add_rms_norm_ref, layer_norm_ref, rms_norm_ref
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+# (id, x shape, how x is made, why the case exists)
+CASES = [
+    ("row1-4096", (1, 4096), "plain", "a single row: decode"),
+    ("odd-4097", (3, 4097), "plain", "odd hidden size: masked tail"),
+    ("5120", (2, 5120), "plain", "non power of two, Llama-13B-like"),
+    ("7168", (2, 7168), "plain", "DeepSeek-V3 hidden size"),
+    ("hidden1", (7, 1), "plain", "the smallest hidden size"),
+    ("hidden3-rows33", (33, 3), "plain", "many tiny rows in one program, ragged last block"),
+    ("3d", (2, 3, 96), "plain", "leading shape [B, S]"),
+    ("per-head", (5, 4, 128), "plain", "Qwen3 QK-norm: x [T, H, D], weight [D]"),
+    ("empty", (0, 64), "plain", "an empty batch returns an empty result"),
+    ("strided-rows", (6, 130), "slice", "rows of a wider tensor: row stride 200"),
+    ("strided-3d", (2, 3, 64), "slice", "a [B, S, :64] slice of [B, S, 100]"),
+    ("looped", (3, 1000), "looped", "long-row kernels, forced on a small row"),
+    ("looped-odd", (2, 777), "looped", "long-row kernels with a ragged last chunk"),
+]
+
+SMALL_TUNING = dataclasses.replace(policy.DEFAULT_TUNING, max_block_fwd=256, max_block_bwd=256, looped_block=128,
+                                   dwdb_block_m=2, dwdb_block_n=64)
+
+
+def _make_x(shape, how, dtype, device):
+    if how == "slice":
+        wide = torch.randn(*shape[:-1], shape[-1] + 70, dtype=dtype, device=device)
+        return wide[..., : shape[-1]]
+    return torch.randn(*shape, dtype=dtype, device=device)
+
+
+def _eps(shape):
+    # With one element per row, x^2 / (x^2 + eps) ~ 1 and dx cancels down to ~eps: use an eps
+    # that keeps the gradient well-conditioned, so relative error measures the kernel.
+    return 0.5 if shape[-1] == 1 else 1e-6
+
+
+def _tuning(how):
+    return policy.use(SMALL_TUNING) if how == "looped" else policy.use(policy.active())
+
+
+def _backends(op):
+    return [str(i.backend) for i in impls(op)]
+
+
+def _check(out, ref, dtype, what, grad=False, out_dtype=None):
+    assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    assert out.dtype == (out_dtype or dtype), f"{what}: dtype {out.dtype}, expected {out_dtype or dtype}"
+    if out.numel() == 0:
+        return
+    assert not out.isnan().any(), f"{what}: NaN in output (an element was not written?)"
+    err = rel_err(out, ref.float())
+    tol = tolerance("norm", dtype, grad=grad)
+    assert err <= tol, f"{what}: rel err {err:.3g} > {tol:.3g}"
+
+
+def _leaf(t):
+    return t.detach().float().requires_grad_()
+
+
+@pytest.mark.parametrize("backend", _backends("rms_norm"))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
+@pytest.mark.parametrize("cast,offset", [("llama", 0.0), ("gemma", 1.0)], ids=["llama", "gemma-offset1"])
+def test_rms_norm(backend, dtype, case, cast, offset, device):
+    _, shape, how, _ = case
+    x = _make_x(shape, how, dtype, device)
+    w = torch.randn(shape[-1], dtype=dtype, device=device)
+    x.requires_grad_(True)
+    w.requires_grad_(True)
+    gemma = cast == "gemma"
+    with _tuning(how):
+        y = ks.rms_norm(x, w, eps=_eps(shape), offset=offset, cast=cast, backend=backend)
+        dy = torch.randn_like(y)
+        y.backward(dy)
+    xr, wr = _leaf(x), _leaf(w)
+    yr = rms_norm_ref(xr, wr, _eps(shape), offset, gemma)[0]
+    yr.backward(dy.float())
+    _check(y, yr, dtype, "y")
+    _check(x.grad, xr.grad, dtype, "dx", grad=True)
+    if _dw_conditioned(shape, dtype, gemma):
+        _check(w.grad, wr.grad, dtype, "dw", grad=True)
+
+
+def _dw_conditioned(shape, dtype, gemma):
+    # With hidden size 1, dw is one sum of a few terms that may cancel; Llama-style rounding of
+    # xhat (2^-9 relative in bf16) then has no bound relative to |dw|. Checked in fp32 there.
+    return shape[-1] > 1 or dtype == torch.float32 or gemma
+
+
+@pytest.mark.parametrize("backend", _backends("rms_norm"))
+@pytest.mark.parametrize("case", [CASES[1], CASES[9], CASES[11]], ids=lambda c: c[0])
+def test_rms_norm_without_weight(backend, case, device):
+    _, shape, how, _ = case
+    x = _make_x(shape, how, torch.bfloat16, device).requires_grad_(True)
+    with _tuning(how):
+        y = ks.rms_norm(x, backend=backend)
+        dy = torch.randn_like(y)
+        y.backward(dy)
+    xr = _leaf(x)
+    yr = rms_norm_ref(xr, None, 1e-6, 0.0, False)[0]
+    yr.backward(dy.float())
+    _check(y, yr, torch.bfloat16, "y")
+    _check(x.grad, xr.grad, torch.bfloat16, "dx", grad=True)
+
+
+@pytest.mark.parametrize("backend", _backends("fused_add_rms_norm"))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
+def test_fused_add_rms_norm(backend, dtype, case, device):
+    _, shape, how, _ = case
+    x = _make_x(shape, how, dtype, device).requires_grad_(True)
+    r = _make_x(shape, how, dtype, device).requires_grad_(True)
+    w = torch.randn(shape[-1], dtype=dtype, device=device).requires_grad_(True)
+    with _tuning(how):
+        out, h = ks.fused_add_rms_norm(x, r, w, eps=_eps(shape), backend=backend)
+        dy, dh = torch.randn_like(out), torch.randn_like(h)
+        torch.autograd.backward([out, h], [dy, dh])
+    xr, rr, wr = _leaf(x), _leaf(r), _leaf(w)
+    yr, hr, _ = fused_add_rms_norm_ref(xr, rr, wr, _eps(shape), 0.0, False)
+    torch.autograd.backward([yr, hr], [dy.float(), dh.float()])
+    _check(out, yr, dtype, "out")
+    _check(h, hr, dtype, "residual")
+    _check(x.grad, xr.grad, dtype, "dx", grad=True)
+    _check(r.grad, rr.grad, dtype, "dresidual", grad=True)
+    if _dw_conditioned(shape, dtype, False):
+        _check(w.grad, wr.grad, dtype, "dw", grad=True)
+
+
+@pytest.mark.parametrize("backend", _backends("fused_add_rms_norm"))
+@pytest.mark.parametrize("case", [CASES[0], CASES[1], CASES[9], CASES[11]], ids=lambda c: c[0])
+def test_fused_add_rms_norm_in_place(backend, case, device):
+    _, shape, how, _ = case
+    x = _make_x(shape, how, torch.bfloat16, device)
+    r = _make_x(shape, how, torch.bfloat16, device)
+    w = torch.randn(shape[-1], dtype=torch.bfloat16, device=device)
+    want_y, want_h, _ = fused_add_rms_norm_ref(x, r, w, 1e-6, 0.0, False)
+    x_ptr, r_ptr = x.data_ptr(), r.data_ptr()
+    with _tuning(how):
+        out, res = ks.fused_add_rms_norm(x, r, w, in_place=True, backend=backend)
+    assert out.data_ptr() == x_ptr and res.data_ptr() == r_ptr, "in_place must return x and residual themselves"
+    assert torch.equal(res, want_h), "h = x + residual must be exactly torch's bf16 add"
+    _check(out, want_y, torch.bfloat16, "out")
+    if how == "slice":  # the columns beyond the slice must be untouched
+        assert not x._base[..., shape[-1]:].isnan().any()
+
+
+@pytest.mark.parametrize("backend", _backends("layer_norm"))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
+@pytest.mark.parametrize("affine", ["weight+bias", "weight", "none"])
+def test_layer_norm(backend, dtype, case, affine, device):
+    _, shape, how, _ = case
+    # An offset mean stresses the centred variance (catastrophic cancellation in E[x^2]-E[x]^2).
+    x = (_make_x(shape, how, dtype, device) + 3.0).detach().requires_grad_(True)
+    n = shape[-1]
+    w = torch.randn(n, dtype=dtype, device=device).requires_grad_(True) if affine != "none" else None
+    b = torch.randn(n, dtype=dtype, device=device).requires_grad_(True) if affine == "weight+bias" else None
+    with _tuning(how):
+        y = ks.layer_norm(x, w, b, eps=1e-5, backend=backend)
+        dy = torch.randn_like(y)
+        y.backward(dy)
+    xr = _leaf(x)
+    wr = _leaf(w) if w is not None else None
+    br = _leaf(b) if b is not None else None
+    yr = layer_norm_ref(xr, wr, br, 1e-5)[0]
+    yr.backward(dy.float())
+    _check(y, yr, dtype, "y")
+    _check(x.grad, xr.grad, dtype, "dx", grad=True)
+    if w is not None:
+        _check(w.grad, wr.grad, dtype, "dw", grad=True)
+    if b is not None:
+        _check(b.grad, br.grad, dtype, "db", grad=True)
+
+
+def test_layer_norm_matches_torch(device):
+    x = torch.randn(4, 300, device=device)
+    w, b = torch.randn(300, device=device), torch.randn(300, device=device)
+    y = ks.layer_norm(x, w, b, eps=1e-5)
+    assert rel_err(y, torch.nn.functional.layer_norm(x, (300,), w, b, 1e-5)) < 1e-5
+
+
+@pytest.mark.parametrize("cast", ["llama", "gemma"])
+def test_rms_norm_rounds_like_huggingface(cast, device):
+    """Llama: weight * normalize(x).to(dtype); Gemma: (normalize(x) * (1 + w.float())).to(dtype)."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 1024, dtype=torch.bfloat16, device=device)
+    w = (torch.randn(1024, device=device) * 0.5).to(torch.bfloat16)
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
+    hf_llama = w * normed.to(torch.bfloat16)
+    hf_gemma = (normed * (1.0 + w.float())).to(torch.bfloat16)
+    want, other = (hf_llama, hf_gemma) if cast == "llama" else (hf_gemma, hf_llama)
+    offset = 0.0 if cast == "llama" else 1.0
+    if cast == "llama":
+        other = (normed * w.float()).to(torch.bfloat16)  # the same math rounded Gemma's way
+    else:
+        other = (normed.to(torch.bfloat16).float() * (1.0 + w.float())).to(torch.bfloat16)
+    for backend in _backends("rms_norm"):
+        y = ks.rms_norm(x, w, offset=offset, cast=cast, backend=backend)
+        mismatch = (y != want).float().mean().item()
+        # Only reduction-order differences in rstd may flip a rounding: far below the ~10-40%
+        # of elements that the other rounding point changes.
+        assert mismatch < 0.01, f"{backend}: {mismatch:.2%} of elements differ from HuggingFace {cast}"
+        assert ((y.float() - want.float()).abs() <= want.float().abs() * 2**-7 + 1e-30).all()
+        assert (y != other).float().mean().item() > 0.05, "test is not discriminating the rounding point"
+
+
+@pytest.mark.parametrize("backend", _backends("rms_norm"))
+def test_rms_norm_weight_dtype_differs(backend, device):
+    """fp32 weights with bf16 activations (mixed precision): output in x.dtype, dw in fp32."""
+    x = torch.randn(8, 256, dtype=torch.bfloat16, device=device, requires_grad=True)
+    w = torch.randn(256, dtype=torch.float32, device=device, requires_grad=True)
+    y = ks.rms_norm(x, w, backend=backend)
+    assert y.dtype == torch.bfloat16
+    y.sum().backward()
+    assert w.grad.dtype == torch.float32 and x.grad.dtype == torch.bfloat16
+    xr, wr = _leaf(x), _leaf(w)
+    rms_norm_ref(xr, wr, 1e-6, 0.0, False)[0].sum().backward()
+    _check(w.grad, wr.grad, torch.bfloat16, "dw", grad=True, out_dtype=torch.float32)
+
+
+def test_expanded_grad_is_accepted(device):
+    # y.sum().backward() hands the backward an expanded (stride-0) gradient.
+    x = torch.randn(4, 64, device=device, requires_grad=True)
+    w = torch.randn(64, device=device, requires_grad=True)
+    ks.rms_norm(x, w, backend="triton").sum().backward()
+    xr, wr = _leaf(x), _leaf(w)
+    rms_norm_ref(xr, wr, 1e-6, 0.0, False)[0].sum().backward()
+    _check(x.grad, xr.grad, torch.float32, "dx", grad=True)
+
+
+def test_grad_of_weight_only(device):
+    x = torch.randn(4, 64, device=device)
+    w = torch.randn(64, device=device, requires_grad=True)
+    ks.rms_norm(x, w).pow(2).sum().backward()
+    wr = _leaf(w)
+    rms_norm_ref(x, wr, 1e-6, 0.0, False)[0].pow(2).sum().backward()
+    _check(w.grad, wr.grad, torch.float32, "dw", grad=True)
+
+
+def test_gradcheck_reference_math(device):
+    """The backward formulas (checked above against autograd of the reference) are themselves
+    checked here against finite differences, in float64 through the reference backend."""
+    x = torch.randn(3, 17, dtype=torch.float64, device=device, requires_grad=True)
+    w = torch.randn(17, dtype=torch.float64, device=device, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: rms_norm_ref(a, b, 1e-6, 0.5, True)[0], (x, w))
+    assert torch.autograd.gradcheck(lambda a, b: layer_norm_ref(a, b, None, 1e-5)[0], (x, w))
