@@ -1,0 +1,190 @@
+"""One harness for every op: cases from the registry, peers from the family's ``bench.py``.
+
+For each case: build inputs (larger than L2), compute the fp32 reference, run kernelset and each
+peer once and check them against it (a wrong implementation gets no speed), then time each with
+CUDA events. Speeds are reported as % of the copy bandwidth measured in the same run and as a
+ratio to the strongest correct peer.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import importlib
+import json
+import math
+import platform
+import sys
+from typing import Any, Iterable
+
+import torch
+
+from ..core import registry
+from ..core.tolerance import rel_err, tolerance
+from . import timing
+from .adapter import BenchAdapter
+
+OURS = "kernelset"
+
+
+@dataclasses.dataclass
+class Measurement:
+    impl: str
+    ms: float | None = None
+    gbs: float | None = None
+    pct: float | None = None  # % of the ceiling
+    correct: bool = False
+    error: float | None = None  # worst rel err over outputs
+    note: str = ""
+
+
+@dataclasses.dataclass
+class CaseResult:
+    op: str
+    shape: tuple[int, ...]
+    mode: str
+    dtype: str
+    bytes: int
+    model: str
+    bar_pct: float | None
+    sweep: bool
+    results: list[Measurement]
+
+    def ours(self) -> Measurement | None:
+        return next((r for r in self.results if r.impl == OURS), None)
+
+    def best_peer(self) -> Measurement | None:
+        peers = [r for r in self.results if r.impl != OURS and r.correct and r.ms]
+        return min(peers, key=lambda r: r.ms) if peers else None
+
+    def speedup(self) -> float | None:
+        ours, peer = self.ours(), self.best_peer()
+        if not ours or not ours.correct or not ours.ms or not peer:
+            return None
+        return peer.ms / ours.ms
+
+    def bar_met(self) -> bool | None:
+        ours = self.ours()
+        if self.bar_pct is None or not ours:
+            return None
+        return bool(ours.correct and ours.pct is not None and ours.pct >= self.bar_pct)
+
+
+def adapter_for(spec: registry.OpSpec) -> BenchAdapter:
+    module = importlib.import_module(f"kernelset.ops.{spec.family}.bench")
+    return module.ADAPTERS[spec.name]
+
+
+def _check(outs, refs, names, tol_class, dtype, mode) -> tuple[bool, float, str]:
+    worst, notes = 0.0, []
+    for name, out, ref in zip(names, outs, refs):
+        err = rel_err(out, ref)
+        tol = tolerance(tol_class, dtype, grad=name.startswith("d"))
+        worst = max(worst, err)
+        if not err <= tol:
+            notes.append(f"{name} rel err {err:.2e} > {tol:.0e}")
+    return (not notes), worst, "; ".join(notes)
+
+
+def run_case(spec: registry.OpSpec, case: registry.BenchCase, device: torch.device, copy_gbs: float,
+             backend: str = "auto", peers: bool = True) -> CaseResult:
+    adapter = adapter_for(spec)
+    cost = spec.cost(case.shape, case.dtype, case.mode)
+    inputs = adapter.inputs(case.shape, case.dtype, device, case.mode)
+    refs = adapter.reference(inputs, case.mode)
+    names = inputs["names"]
+    runners: dict[str, Any] = {OURS: adapter.ours(inputs, case.mode, backend)}
+    if peers:
+        runners.update(adapter.peers(inputs, case.mode))
+    results = []
+    for name, run in runners.items():
+        m = Measurement(name)
+        if isinstance(run, str):
+            m.note = run
+            results.append(m)
+            continue
+        try:
+            outs = run()
+            torch.cuda.synchronize()
+            m.correct, m.error, m.note = _check(outs, refs, names, spec.tolerance, case.dtype, case.mode)
+            del outs
+            if m.correct:
+                m.ms = timing.cuda_time_ms(run)
+                m.gbs = cost.bytes / m.ms / 1e6
+                m.pct = 100.0 * m.gbs / copy_gbs
+        except Exception as exc:  # a peer that crashes is reported, not fatal
+            m.note = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+        results.append(m)
+        torch.cuda.empty_cache()
+    del inputs, refs
+    torch.cuda.empty_cache()
+    return CaseResult(spec.name, case.shape, case.mode, str(case.dtype).replace("torch.", ""), cost.bytes,
+                      cost.model, case.bar_pct, case.sweep, results)
+
+
+def select_cases(ops: Iterable[str] | None, *, sweep: bool = True) -> list[tuple[registry.OpSpec, registry.BenchCase]]:
+    chosen = set(ops) if ops else None
+    out = []
+    for entry in registry.catalog():
+        if chosen is not None and entry.name not in chosen:
+            continue
+        seen = set()
+        for case in entry.spec.bench:
+            if case.sweep and not sweep:
+                continue
+            k = (case.shape, case.mode, case.dtype)
+            if k in seen:  # a sweep point that is also a barred case is measured once
+                continue
+            seen.add(k)
+            bar = next((c.bar_pct for c in entry.spec.bench if (c.shape, c.mode, c.dtype) == k and c.bar_pct), None)
+            is_sweep = any(c.sweep for c in entry.spec.bench if (c.shape, c.mode, c.dtype) == k)
+            out.append((entry.spec, dataclasses.replace(case, bar_pct=bar, sweep=is_sweep)))
+    if chosen:
+        unknown = chosen - {s.name for s, _ in out}
+        if unknown:
+            raise ValueError(f"no benchmark cases for {', '.join(sorted(unknown))}")
+    return out
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    import triton  # noqa: F401  (the GPU machine has it; bench needs CUDA)
+    props = torch.cuda.get_device_properties(device)
+    env = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "device": props.name, "sm": f"sm_{props.major}{props.minor}", "sms": props.multi_processor_count,
+        "l2_mb": round(getattr(props, "L2_cache_size", 0) / 2**20, 1),
+        "torch": torch.__version__, "triton": sys.modules["triton"].__version__, "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+    }
+    for name in ("liger_kernel", "flash_attn", "flashinfer"):
+        try:
+            mod = importlib.import_module(name)
+            env[name] = getattr(mod, "__version__", "installed")
+        except Exception:
+            env[name] = None
+    return env
+
+
+def summarize(cases: list[CaseResult]) -> dict[str, Any]:
+    """fast_1: share of cases where kernelset is correct and at least as fast as the strongest peer
+    present; geomean speedup over that peer; bars met."""
+    with_peer = [c for c in cases if c.best_peer() is not None]
+    fast = [c for c in with_peer if (c.speedup() or 0.0) >= 1.0]
+    speedups = [c.speedup() for c in with_peer if c.speedup()]
+    geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups)) if speedups else None
+    bars = [c for c in cases if c.bar_pct is not None]
+    return {
+        "cases": len(cases), "cases_with_peer": len(with_peer),
+        "fast_1": (len(fast) / len(with_peer)) if with_peer else None,
+        "geomean_speedup": geo,
+        "bars": len(bars), "bars_met": sum(1 for c in bars if c.bar_met()),
+        "all_correct": all((c.ours() and c.ours().correct) for c in cases),
+    }
+
+
+def to_json(env: dict[str, Any], ceilings: dict[str, float], cases: list[CaseResult], extra: dict[str, Any]) -> str:
+    return json.dumps({
+        "environment": env, "ceilings": ceilings, "summary": summarize(cases), "extra": extra,
+        "cases": [dataclasses.asdict(c) | {"speedup_vs_best_peer": c.speedup(),
+                                           "best_peer": (c.best_peer().impl if c.best_peer() else None),
+                                           "bar_met": c.bar_met()} for c in cases],
+    }, indent=1, default=str)

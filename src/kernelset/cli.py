@@ -1,0 +1,284 @@
+"""ksctl: the command line of kernelset (also ``python -m kernelset``).
+
+    ksctl list                      the catalog, from the registry
+    ksctl explain OP --shape 4096x8192 --dtype bf16
+    ksctl env                       device, versions, flags, which backends can run and why not
+    ksctl verify                    every implementation against its fp32 reference (small shapes)
+    ksctl bench [OP ...]            benchmarks on a GPU: table, JSON, PNG
+    ksctl run                       the main job: bench on a GPU; verify + dispatch plan on CPU
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+
+import torch
+
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+          "half": torch.float16, "fp32": torch.float32, "float32": torch.float32, "float": torch.float32}
+
+
+def _dtype(text: str) -> torch.dtype:
+    try:
+        return DTYPES[text.lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"dtype must be one of {', '.join(sorted(DTYPES))}, got {text!r}") from None
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in text.lower().replace(",", "x").split("x") if d)
+    except ValueError:
+        dims = ()
+    if not dims or any(d < 0 for d in dims):
+        raise argparse.ArgumentTypeError(f"shape must look like 4096x8192, got {text!r}")
+    return dims
+
+
+def _use_interpreter_if_no_gpu() -> None:
+    """On a CPU-only machine, run Triton kernels in the interpreter (set before Triton imports)."""
+    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    import kernelset as ks
+    ks.config.reload()
+    from kernelset.testing.interpreter import patch_bf16_rounding
+    patch_bf16_rounding()
+
+
+def cmd_list(args) -> int:
+    import kernelset as ks
+    rows = [(e.spec.family, e.name, ", ".join(e.backends), "yes" if e.spec.c_abi else "no", e.spec.doc)
+            for e in ks.catalog()]
+    if args.json:
+        print(json.dumps([{"family": f, "op": n, "backends": b.split(", "), "c_abi": c == "yes", "doc": d}
+                          for f, n, b, c, d in rows], indent=1))
+        return 0
+    print(f"{'family':<8} {'op':<20} {'backends (priority order)':<26} {'C ABI':<6} formula")
+    for f, n, b, c, d in rows:
+        print(f"{f:<8} {n:<20} {b:<26} {c:<6} {d}")
+    return 0
+
+
+def _example_inputs(op: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device):
+    import kernelset as ks
+    from kernelset.core import registry
+    spec = registry.op(op)
+    bench = importlib.import_module(f"kernelset.ops.{spec.family}.bench")
+    inp = bench.ADAPTERS[op].inputs(shape, dtype, device, "fwd")
+    args = {"rms_norm": ("x", "w"), "fused_add_rms_norm": ("x", "r", "w"), "layer_norm": ("x", "w", "b")}[op]
+    return ks, tuple(inp[a] for a in args)
+
+
+def cmd_explain(args) -> int:
+    _use_interpreter_if_no_gpu()
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    ks, tensors = _example_inputs(args.op, args.shape, args.dtype, device)
+    exp = ks.explain(args.op, *tensors, backend=args.backend, backward=args.backward, verbose=not args.json)
+    if args.json:
+        print(json.dumps(exp.to_dict(), indent=1))
+    return 0 if exp.chosen else 1
+
+
+def _backend_status() -> list[tuple[str, str]]:
+    from kernelset.core import config
+    from kernelset.core.enums import Backend
+    rows = []
+    for b in Backend:
+        if b is Backend.REFERENCE:
+            rows.append((b.value, "usable: fp32 torch ops, any device"))
+            continue
+        if b is Backend.TORCH:
+            rows.append((b.value, f"usable: torch {torch.__version__}"))
+            continue
+        module = {"triton": "triton", "liger": "liger_kernel", "flash_attn": "flash_attn",
+                  "flashinfer": "flashinfer"}[b.value]
+        try:
+            mod = importlib.import_module(module)
+        except Exception as exc:
+            rows.append((b.value, f"not usable: cannot import {module} ({type(exc).__name__})"))
+            continue
+        status = f"importable ({getattr(mod, '__version__', '?')})"
+        if b is Backend.TRITON:
+            if torch.cuda.is_available():
+                status += "; CUDA device present"
+            elif config.get().triton_interpret:
+                status += "; no GPU: runs in the interpreter (TRITON_INTERPRET=1), for testing only"
+            else:
+                status += "; no GPU and TRITON_INTERPRET unset: AUTO skips it"
+        if b in config.get().disable:
+            status += "; disabled by KS_DISABLE"
+        rows.append((b.value, status))
+    return rows
+
+
+def cmd_env(args) -> int:
+    import kernelset as ks
+    print(f"kernelset {ks.__version__}; python {sys.version.split()[0]}; torch {torch.__version__}")
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            print(f"cuda:{i} {p.name} sm_{p.major}{p.minor}, {p.multi_processor_count} SMs, "
+                  f"{p.total_memory / 2**30:.0f} GiB, CUDA {torch.version.cuda}")
+    else:
+        print("no CUDA device")
+    print("\nbackends:")
+    for name, status in _backend_status():
+        print(f"  {name:<11} {status}")
+    print("\nflags:")
+    for name, value, doc in ks.config.describe():
+        print(f"  {name}={value}\n      {doc}")
+    return 0
+
+
+VERIFY_SHAPES = ((3, 1000), (2, 4097), (1, 64))
+
+
+def cmd_verify(args) -> int:
+    """Run every implementation of every op on small random inputs against the fp32 reference."""
+    _use_interpreter_if_no_gpu()
+    import kernelset as ks
+    from kernelset.core.tolerance import rel_err, tolerance
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    failures, count = 0, 0
+    print(f"verifying on {device} ({'GPU' if device.type == 'cuda' else 'CPU, Triton interpreter'})")
+    print(f"{'op':<20} {'backend':<10} {'shape':<9} {'dtype':<9} {'mode':<8} {'worst rel err':>13}  result")
+    for entry in ks.catalog():
+        if args.ops and entry.name not in args.ops:
+            continue
+        adapter = importlib.import_module(f"kernelset.ops.{entry.spec.family}.bench").ADAPTERS[entry.name]
+        for impl in entry.impls:
+            for shape in VERIFY_SHAPES:
+                for dtype in (torch.bfloat16, torch.float32):
+                    for mode in ("fwd", "fwd+bwd") if entry.spec.differentiable else ("fwd",):
+                        inp = adapter.inputs(shape, dtype, device, mode)
+                        refs = adapter.reference(inp, mode)
+                        try:
+                            outs = adapter.ours(inp, mode, str(impl.backend))()
+                        except ks.UnsupportedError as exc:
+                            print(f"{entry.name:<20} {str(impl.backend):<10} {'x'.join(map(str, shape)):<9} "
+                                  f"{str(dtype)[6:]:<9} {mode:<8} {'-':>13}  skipped: {exc.reason}")
+                            continue
+                        worst, ok = 0.0, True
+                        for name, o, r in zip(inp["names"], outs, refs):
+                            err = rel_err(o, r)
+                            worst = max(worst, err)
+                            ok &= err <= tolerance(entry.spec.tolerance, dtype, grad=name.startswith("d"))
+                        count += 1
+                        failures += not ok
+                        print(f"{entry.name:<20} {str(impl.backend):<10} {'x'.join(map(str, shape)):<9} "
+                              f"{str(dtype)[6:]:<9} {mode:<8} {worst:>13.2e}  {'ok' if ok else 'FAIL'}")
+    print(f"\n{count - failures} passed, {failures} failed")
+    return 1 if failures else 0
+
+
+def cmd_plan(args) -> int:
+    """The dispatch decision for each op at its benchmark shapes on this machine."""
+    _use_interpreter_if_no_gpu()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    import kernelset as ks
+    print(f"dispatch plan on {device}:")
+    for entry in ks.catalog():
+        shape = entry.spec.bench[0].shape if entry.spec.bench else (4, 64)
+        small = (min(shape[0], 8), shape[-1])
+        _, tensors = _example_inputs(entry.name, small, torch.bfloat16, device)
+        exp = ks.explain(entry.name, *tensors, verbose=False)
+        rejected = "; ".join(f"{c.backend}: {c.reason}" for c in exp.candidates if c.status == "rejected")
+        print(f"  {entry.name:<20} hidden {shape[-1]:<7} bf16 -> {exp.chosen}" + (f"  (rejected {rejected})"
+                                                                                  if rejected else ""))
+    return 0
+
+
+def cmd_bench(args) -> int:
+    if not torch.cuda.is_available():
+        print("ksctl bench needs a CUDA GPU (speed is only claimed on a GPU); on CPU use 'ksctl verify'",
+              file=sys.stderr)
+        return 2
+    from kernelset.bench import harness, report, timing
+    device = torch.device("cuda")
+    env = harness.environment(device)
+    print(f"device {env['device']} {env['sm']}; torch {env['torch']}; triton {env['triton']}", file=sys.stderr)
+    ceilings = {"copy_gbs": timing.copy_bandwidth_gbs(device), "matmul_tflops": timing.matmul_tflops(device)}
+    print(f"copy {ceilings['copy_gbs']:.0f} GB/s, bf16 matmul {ceilings['matmul_tflops']:.0f} TFLOP/s",
+          file=sys.stderr)
+    cases = harness.select_cases(args.ops, sweep=not args.no_sweep)
+    results = []
+    t0 = time.time()
+    for i, (spec, case) in enumerate(cases, 1):
+        print(f"[{i}/{len(cases)}] {spec.name} {'x'.join(map(str, case.shape))} {case.mode} "
+              f"({time.time() - t0:.0f}s)", file=sys.stderr, flush=True)
+        results.append(harness.run_case(spec, case, device, ceilings["copy_gbs"], backend=args.backend,
+                                        peers=not args.no_peers))
+    extra = {}
+    if not args.ops or "rms_norm" in args.ops:
+        from kernelset.ops.norm.bench import host_overhead
+        extra["rms_norm_1x4096"] = host_overhead(device)
+    print(report.table(results, ceilings))
+    for k, v in extra.items():
+        print(f"{k}: " + ", ".join(f"{n} {x:.2f}" for n, x in v.items()))
+    line = report.summary_line(results)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(harness.to_json(env, ceilings, results, extra))
+    if args.png:
+        report.plot(results, args.png, env)
+    print(line)
+    return 0 if all(c.ours() and c.ours().correct for c in results) else 1
+
+
+def cmd_run(args) -> int:
+    """The main job: benchmarks on a GPU; on CPU, verify every op and print the dispatch plan."""
+    if torch.cuda.is_available():
+        return cmd_bench(args)
+    rc = cmd_verify(args)
+    print()
+    cmd_plan(args)
+    return rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="ksctl", description="kernelset: fast LLM kernels with an explaining dispatcher")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("list", help="the op catalog")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_list)
+    s = sub.add_parser("explain", help="which implementation runs a problem, and why")
+    s.add_argument("op")
+    s.add_argument("--shape", type=_shape, required=True, help="ROWSxHIDDEN, e.g. 4096x8192")
+    s.add_argument("--dtype", type=_dtype, default=torch.bfloat16)
+    s.add_argument("--device", default=None)
+    s.add_argument("--backend", default="auto")
+    s.add_argument("--backward", action="store_true", help="explain the backward's choice")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_explain)
+    s = sub.add_parser("env", help="device, versions, flags, usable backends")
+    s.set_defaults(fn=cmd_env)
+    s = sub.add_parser("verify", help="every implementation against its fp32 reference, small shapes")
+    s.add_argument("ops", nargs="*")
+    s.set_defaults(fn=cmd_verify)
+    s = sub.add_parser("plan", help="the dispatch decision per op on this machine")
+    s.set_defaults(fn=cmd_plan)
+    for name, fn, help_ in (("bench", cmd_bench, "benchmarks on a GPU"),
+                            ("run", cmd_run, "the main job: bench on GPU, verify + plan on CPU")):
+        s = sub.add_parser(name, help=help_)
+        s.add_argument("ops", nargs="*")
+        s.add_argument("--no-sweep", action="store_true", help="skip the hidden-size sweep")
+        s.add_argument("--no-peers", action="store_true")
+        s.add_argument("--backend", default="auto")
+        s.add_argument("--json", default=None, help="write results as JSON here")
+        s.add_argument("--png", default=None, help="write the %%-of-copy plot here")
+        s.set_defaults(fn=fn)
+    args = p.parse_args(argv)
+    try:
+        return args.fn(args)
+    except (ValueError, TypeError) as exc:
+        print(f"ksctl: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
