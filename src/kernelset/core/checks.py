@@ -59,6 +59,8 @@ def row_stride(t: torch.Tensor) -> int | None:
     ``r * stride``.
     """
     n = t.shape[-1]
+    if t.is_contiguous():
+        return n
     if t.dim() == 0 or (t.stride(-1) != 1 and n > 1):
         return None
     stride = None

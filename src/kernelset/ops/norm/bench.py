@@ -36,6 +36,12 @@ def _ln(x, w, b):
 
 @functools.lru_cache(maxsize=None)
 def _compiled(fn):
+    # One compiled function serves every benchmark shape (static shapes, one graph each); raise
+    # dynamo's recompile limit so it never silently falls back to eager after 8 shapes.
+    import torch._dynamo.config as dcfg
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(dcfg, name):
+            setattr(dcfg, name, max(getattr(dcfg, name), 256))
     return torch.compile(fn, dynamic=False)
 
 

@@ -66,7 +66,6 @@ def _norm_fwd_looped_kernel(X, R, W, B, Y, H, MEAN, RSTD, M, N, stride_x, stride
                             BLOCK_N: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     x_row = X + row * stride_x
-    h_row = H + row * stride_h
     cols0 = tl.arange(0, BLOCK_N)
     # Pass 1: statistics. LayerNorm merges per-chunk (mean, M2) pairs (Chan et al.), which is
     # as exact as two passes over the row without a third read.
@@ -81,7 +80,7 @@ def _norm_fwd_looped_kernel(X, R, W, B, Y, H, MEAN, RSTD, M, N, stride_x, stride
         if HAS_RESIDUAL:
             r = tl.load(R + row * stride_r + cols, mask=m, other=0.0, eviction_policy="evict_first")
             x = (x.to(tl.float32) + r.to(tl.float32)).to(H.dtype.element_ty)
-            tl.store(h_row + cols, x, mask=m, eviction_policy="evict_last")
+            tl.store(H + row * stride_h + cols, x, mask=m, eviction_policy="evict_last")
         xf = x.to(tl.float32)
         if IS_RMS:
             acc += xf * xf
@@ -101,7 +100,10 @@ def _norm_fwd_looped_kernel(X, R, W, B, Y, H, MEAN, RSTD, M, N, stride_x, stride
         var = m2 / N
     rstd = tl.rsqrt(var + eps)
     # Pass 2: normalize, last chunk first (it is the likeliest still in L2).
-    src = h_row if HAS_RESIDUAL else x_row
+    if HAS_RESIDUAL:
+        src = H + row * stride_h
+    else:
+        src = x_row
     n_chunks = tl.cdiv(N, BLOCK_N)
     for i in range(0, n_chunks):
         cols = (n_chunks - 1 - i) * BLOCK_N + cols0

@@ -36,11 +36,13 @@ def norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
         return y, h, mean, rstd
     tuning = tuning or active()
     p = fwd_policy(m, n, sm_count(x.device), tuning)
-    r = residual if residual is not None else x
-    hh = h if h is not None else y
-    args = (x, r, weight if weight is not None else y, bias if bias is not None else y, y, hh,
-            mean if mean is not None else y, rstd if rstd is not None else y, m, n,
-            row_stride(x), row_stride(r), row_stride(y), row_stride(hh), eps, offset)
+    # Unused pointers are passed as None: Triton specializes them away, and each tensor argument
+    # costs host time at launch.
+    sx = row_stride(x)
+    sy = row_stride(y) if out is not None else n
+    sr = row_stride(residual) if residual is not None else 0
+    sh = (row_stride(h) if h_out is not None else n) if h is not None else 0
+    args = (x, residual, weight, bias, y, h, mean, rstd, m, n, sx, sr, sy, sh, eps, offset)
     flags = dict(IS_RMS=is_rms, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
                  HAS_BIAS=bias is not None, GEMMA_CAST=gemma_cast, STORE_STATS=stats)
     if p.looped:

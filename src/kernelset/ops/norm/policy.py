@@ -74,6 +74,7 @@ def sm_count(device: torch.device) -> int:
     return 4  # the interpreter: a few programs, so grid-stride loops are exercised
 
 
+@functools.lru_cache(maxsize=4096)
 def fwd_policy(m: int, n: int, sms: int, t: NormTuning) -> NormLaunch:
     block = _pow2(n)
     if block > t.max_block_fwd:
@@ -84,6 +85,7 @@ def fwd_policy(m: int, n: int, sms: int, t: NormTuning) -> NormLaunch:
     return NormLaunch(False, block, rows, _pow2(warps), -(-m // rows))
 
 
+@functools.lru_cache(maxsize=4096)
 def bwd_policy(m: int, n: int, sms: int, t: NormTuning) -> NormLaunch:
     block = _pow2(n)
     if block > t.max_block_bwd:
