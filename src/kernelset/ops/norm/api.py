@@ -154,7 +154,9 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, residual, weight)):
             raise ArgumentError(op, "in_place", "False when gradients are needed (in-place is for inference)",
                                 True)
-        if x.data_ptr() == residual.data_ptr() and x.numel() > 0:
+        # data_ptr() is not traceable: under torch.compile only the identity check runs
+        if x is residual or (not torch.compiler.is_compiling() and x.numel() > 0
+                             and x.data_ptr() == residual.data_ptr()):
             raise ArgumentError(op, "residual", "a different tensor from x when in_place=True", "the same memory")
         if torch.compiler.is_compiling():
             torch.ops.kernelset.fused_add_rms_norm_(x, residual, weight, eps, offset, gemma, str(backend))
