@@ -103,10 +103,15 @@ def _record(case: dict) -> list:
         def __getitem__(self, grid):
             return lambda *args, **kwargs: calls.append((self.kernel, args, kwargs))
 
-    names = [k for k in vars(launch) if k.startswith("_norm_") and k.endswith("_kernel")]
-    saved = {k: getattr(launch, k) for k in names + ["sm_count"]}
-    for k in names:
-        setattr(launch, k, Recorder(saved[k]))
+    from kernelset.ops.triton_launch import FastKernel
+
+    # The launcher calls kernels through FastKernel wrappers; swap each wrapped kernel for a
+    # recorder (meta tensors always take FastKernel's ordinary fn[grid](...) path).
+    wrappers = [v for v in vars(launch).values() if isinstance(v, FastKernel)]
+    saved_fns = [w.fn for w in wrappers]
+    saved = {"sm_count": launch.sm_count}
+    for wrapper in wrappers:
+        wrapper.fn = Recorder(wrapper.fn)
     launch.sm_count = lambda device: SMS
     try:
         w = t(n, d=case["wdtype"] if case["dir"] == "fwd" else case["dtype"]) if case["w"] else None
@@ -119,6 +124,8 @@ def _record(case: dict) -> list:
             launch.norm_bwd(t(M, n), t(M, n), w, None if case["rms"] else stat, stat, is_rms=case["rms"],
                             gemma_cast=case["gemma"], has_bias=case["b"], dres=t(M, n) if case["dres"] else None)
     finally:
+        for wrapper, fn in zip(wrappers, saved_fns):
+            wrapper.fn = fn
         for k, v in saved.items():
             setattr(launch, k, v)
     out = []

@@ -29,9 +29,9 @@ def _rows_ok(t: torch.Tensor | None) -> bool:
     return t is None or t.is_contiguous() or row_stride(t) is not None
 
 
-def _key(x, *others):
-    return (x.device, x.dtype, x.shape[-1], tuple(None if t is None else t.dtype for t in others),
-            _rows_ok(x) and all(_rows_ok(t) for t in others))
+# Keys are on the hot path of every call (a few hundred ns each): plain tuples, no generators.
+def _dt(t: torch.Tensor | None):
+    return None if t is None else t.dtype
 
 
 def _problem(op: str, x: torch.Tensor, named: dict[str, torch.Tensor | None]) -> Problem:
@@ -45,7 +45,7 @@ def _problem(op: str, x: torch.Tensor, named: dict[str, torch.Tensor | None]) ->
 
 
 def _rms_key(x, weight):
-    return _key(x, weight)
+    return (x.device, x.dtype, x.shape[-1], _dt(weight), x.is_contiguous() or row_stride(x) is not None)
 
 
 def _rms_problem(x, weight):
@@ -53,7 +53,7 @@ def _rms_problem(x, weight):
 
 
 def _add_key(x, residual, weight):
-    return _key(x, residual, weight)
+    return (x.device, x.dtype, x.shape[-1], _dt(weight), _rows_ok(x) and _rows_ok(residual))
 
 
 def _add_problem(x, residual, weight):
@@ -61,7 +61,7 @@ def _add_problem(x, residual, weight):
 
 
 def _ln_key(x, weight, bias):
-    return _key(x, weight, bias)
+    return (x.device, x.dtype, x.shape[-1], _dt(weight), _dt(bias), x.is_contiguous() or row_stride(x) is not None)
 
 
 def _ln_problem(x, weight, bias):

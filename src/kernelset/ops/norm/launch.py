@@ -9,8 +9,15 @@ import torch
 
 from ...core.alloc import empty
 from ...core.checks import row_stride
+from ..triton_launch import FastKernel
 from .kernels import (_norm_bwd_dwdb_kernel, _norm_bwd_kernel, _norm_bwd_looped_kernel, _norm_fwd_kernel,
                       _norm_fwd_looped_kernel)
+
+_fwd = FastKernel(_norm_fwd_kernel)
+_fwd_looped = FastKernel(_norm_fwd_looped_kernel)
+_bwd = FastKernel(_norm_bwd_kernel)
+_bwd_looped = FastKernel(_norm_bwd_looped_kernel)
+_bwd_dwdb = FastKernel(_norm_bwd_dwdb_kernel)
 from .policy import NormTuning, active, bwd_policy, fwd_policy, sm_count
 
 
@@ -46,9 +53,9 @@ def norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
     flags = dict(IS_RMS=is_rms, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
                  HAS_BIAS=bias is not None, GEMMA_CAST=gemma_cast, STORE_STATS=stats)
     if p.looped:
-        _norm_fwd_looped_kernel[(p.grid,)](*args, **flags, BLOCK_N=p.block_n, num_warps=p.num_warps)
+        _fwd_looped((p.grid,), *args, **flags, BLOCK_N=p.block_n, num_warps=p.num_warps)
     else:
-        _norm_fwd_kernel[(p.grid,)](*args, **flags, ROWS=p.rows, BLOCK_N=p.block_n, num_warps=p.num_warps)
+        _fwd((p.grid,), *args, **flags, ROWS=p.rows, BLOCK_N=p.block_n, num_warps=p.num_warps)
     return y, h, mean, rstd
 
 
@@ -71,19 +78,19 @@ def norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, mea
     dummy = dx
     st = (mean if mean is not None else rstd, rstd)
     if p.looped:
-        _norm_bwd_looped_kernel[(p.grid,)](
+        _bwd_looped((p.grid,), 
             dy, x, weight if has_w else dummy, st[0], st[1], dres if dres is not None else dummy, dx, m, n,
             row_stride(dy), row_stride(x), row_stride(dres) if dres is not None else 0, row_stride(dx), offset,
             IS_RMS=is_rms, HAS_WEIGHT=has_w, HAS_DRES=dres is not None, BLOCK_N=p.block_n,
             num_warps=p.num_warps)
         if has_w or has_bias:
-            _norm_bwd_dwdb_kernel[p.dwdb_grid](
+            _bwd_dwdb(p.dwdb_grid, 
                 dy, x, st[0], st[1], dw_part if has_w else dummy, db_part if has_bias else dummy, m, n,
                 row_stride(dy), row_stride(x), p.dwdb_rows_per_prog, IS_RMS=is_rms, HAS_WEIGHT=has_w,
                 HAS_BIAS=has_bias, GEMMA_CAST=gemma_cast, BLOCK_M=tuning.dwdb_block_m,
                 BLOCK_N=tuning.dwdb_block_n, num_warps=4)
     else:
-        _norm_bwd_kernel[(p.grid,)](
+        _bwd((p.grid,), 
             dy, x, weight if has_w else dummy, st[0], st[1], dres if dres is not None else dummy, dx,
             dw_part if has_w else dummy, db_part if has_bias else dummy, m, n, row_stride(dy), row_stride(x),
             row_stride(dres) if dres is not None else 0, row_stride(dx), offset, IS_RMS=is_rms, HAS_WEIGHT=has_w,

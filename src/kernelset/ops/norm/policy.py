@@ -21,7 +21,8 @@ class NormTuning:
     bwd_tile: int = 1024
     fwd_elems_per_thread: int = 16  # fixes num_warps: tile / (32 * this)
     bwd_elems_per_thread: int = 8
-    bwd_threads_per_sm: int = 2048  # persistent backward grid: SMs * this / threads per program
+    bwd_threads_per_sm: int = 1024  # persistent backward grid: SMs * this / threads per program (registers
+    # allow 1-2 programs of 16 warps per SM; more only adds waves and partial-sum rows)
     looped_block: int = 8192  # chunk of the looped kernels (rows wider than max_block_*)
     looped_warps: int = 16
     dwdb_block_m: int = 32
