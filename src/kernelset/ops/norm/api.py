@@ -1,20 +1,22 @@
 """Public functions of the norm family, their torch.library custom ops and autograd.
 
-Eager calls that need no gradient go straight to the dispatcher's cached choice (a few
-microseconds of host time). Calls that need autograd, and every call under torch.compile, go
-through ``torch.ops.kernelset.*`` custom ops with fake implementations, so compiled graphs
-have no breaks; the dispatcher runs inside the op, at run time.
+Eager calls that need no gradient go straight to the dispatcher's cached choice. Eager calls
+that need a gradient run the same forward, setup and backward as the custom op in one
+``torch.autograd.Function`` (core/autograd.py), which skips the custom-op dispatch cost. Every
+call under torch.compile goes through ``torch.ops.kernelset.*`` custom ops with fake
+implementations, so compiled graphs have no breaks; the dispatcher runs inside the op, at run time.
 
 These are ``custom_op`` rather than ``triton_op``: one op serves every backend (the reference
 included), and the backend is chosen when the op runs, not when a graph is traced.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 
 from ...core import checks, dispatch
+from ...core.autograd import AutogradSpec, EagerAutograd
 from ...core.checks import row_stride
 from ...core.enums import AUTO, Backend, KsEnum
 from ...core.errors import ArgumentError
@@ -33,9 +35,7 @@ class AddNormOutput(NamedTuple):
     residual: torch.Tensor  # x + residual, the next layer's residual
 
 
-def _needs_graph(*ts: torch.Tensor | None) -> bool:
-    if torch.compiler.is_compiling():
-        return True
+def _needs_grad(*ts: torch.Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)
 
 
@@ -78,16 +78,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, *, eps: float 
     if weight is None and offset != 0.0:
         raise ArgumentError(op, "offset", "0.0 when weight is None (offset shifts the weight)", offset)
     gemma = NormCast.parse(cast, what="cast") is NormCast.GEMMA
-    if _needs_graph(x, weight):
+    if torch.compiler.is_compiling():
         return torch.ops.kernelset.rms_norm(x, weight, eps, offset, gemma, str(backend))[0]
+    if _needs_grad(x, weight):
+        return EagerAutograd.apply(_RMS, x, weight, eps, offset, gemma, str(backend))[0]
     return dispatch.select(op, backend, (x, weight), {}).forward(x, weight, eps, offset, gemma, False)[0]
 
 
-@torch.library.custom_op("kernelset::rms_norm", mutates_args=())
-def _rms_norm_op(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset: float, gemma_cast: bool,
-                 backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _rms_fwd(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset: float, gemma_cast: bool,
+             backend: str) -> tuple[torch.Tensor, torch.Tensor]:
     impl = dispatch.select("rms_norm", backend, (x, weight), {})
     return impl.forward(x, weight, eps, offset, gemma_cast, True)
+
+
+_rms_norm_op = torch.library.custom_op("kernelset::rms_norm", mutates_args=())(_rms_fwd)
 
 
 @_rms_norm_op.register_fake
@@ -95,15 +99,22 @@ def _(x, weight, eps, offset, gemma_cast, backend):
     return x.new_empty(x.shape), x.new_empty(x.shape[:-1], dtype=torch.float32)
 
 
-@torch.library.custom_op("kernelset::rms_norm_backward", mutates_args=())
-def _rms_norm_bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], rstd: torch.Tensor,
-                     eps: float, offset: float, gemma_cast: bool, dres: Optional[torch.Tensor], op: str,
-                     backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _rms_bwd(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], rstd: torch.Tensor, eps: float,
+             offset: float, gemma_cast: bool, dres: Optional[torch.Tensor], op: str,
+             backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    # the fused op's problem key takes (x, residual, weight): h stands in for both
     args = (x, weight) if op == "rms_norm" else (x, x, weight)
     impl = dispatch.select(op, backend, args, {}, backward=True)
     dx, dw = impl.backward(_bwd_ready(dy), x, weight, rstd, eps, offset, gemma_cast,
                            None if dres is None else _bwd_ready(dres))
     return dx, (dw if dw is not None else x.new_empty(0))
+
+
+_rms_norm_bwd_op = torch.library.custom_op("kernelset::rms_norm_backward", mutates_args=())(_rms_bwd)
+
+
+def _rms_bwd_entry(ctx) -> Any:
+    return _rms_bwd if getattr(ctx, "eager", False) else torch.ops.kernelset.rms_norm_backward
 
 
 @_rms_norm_bwd_op.register_fake
@@ -120,12 +131,12 @@ def _rms_setup(ctx, inputs, output):
 def _rms_backward(ctx, dy, drstd):
     x, weight, rstd = ctx.saved_tensors
     eps, offset, gemma_cast, backend = ctx.opts
-    dx, dw = torch.ops.kernelset.rms_norm_backward(dy, x, weight, rstd, eps, offset, gemma_cast, None,
-                                                   "rms_norm", backend)
+    dx, dw = _rms_bwd_entry(ctx)(dy, x, weight, rstd, eps, offset, gemma_cast, None, "rms_norm", backend)
     return dx, (dw if weight is not None else None), None, None, None, None
 
 
 _rms_norm_op.register_autograd(_rms_backward, setup_context=_rms_setup)
+_RMS = AutogradSpec(_rms_fwd, _rms_setup, _rms_backward)
 
 # ---- fused_add_rms_norm ---------------------------------------------------------------------
 
@@ -164,19 +175,24 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
             dispatch.select(op, backend, (x, residual, weight), {}).forward(
                 x, residual, weight, eps, offset, gemma, False, True)
         return AddNormOutput(x, residual)
-    if _needs_graph(x, residual, weight):
+    if torch.compiler.is_compiling():
         y, h, _ = torch.ops.kernelset.fused_add_rms_norm(x, residual, weight, eps, offset, gemma, str(backend))
+        return AddNormOutput(y, h)
+    if _needs_grad(x, residual, weight):
+        y, h, _ = EagerAutograd.apply(_ADD, x, residual, weight, eps, offset, gemma, str(backend))
         return AddNormOutput(y, h)
     y, h, _ = dispatch.select(op, backend, (x, residual, weight), {}).forward(
         x, residual, weight, eps, offset, gemma, False, False)
     return AddNormOutput(y, h)
 
 
-@torch.library.custom_op("kernelset::fused_add_rms_norm", mutates_args=())
-def _add_rms_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor], eps: float,
-                     offset: float, gemma_cast: bool, backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _add_fwd(x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset: float,
+             gemma_cast: bool, backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     impl = dispatch.select("fused_add_rms_norm", backend, (x, residual, weight), {})
     return impl.forward(x, residual, weight, eps, offset, gemma_cast, True, False)
+
+
+_add_rms_norm_op = torch.library.custom_op("kernelset::fused_add_rms_norm", mutates_args=())(_add_fwd)
 
 
 @_add_rms_norm_op.register_fake
@@ -193,12 +209,12 @@ def _add_setup(ctx, inputs, output):
 def _add_backward(ctx, dy, dh, drstd):
     h, weight, rstd = ctx.saved_tensors
     eps, offset, gemma_cast, backend = ctx.opts
-    dx, dw = torch.ops.kernelset.rms_norm_backward(dy, h, weight, rstd, eps, offset, gemma_cast, dh,
-                                                   "fused_add_rms_norm", backend)
+    dx, dw = _rms_bwd_entry(ctx)(dy, h, weight, rstd, eps, offset, gemma_cast, dh, "fused_add_rms_norm", backend)
     return dx, dx, (dw if weight is not None else None), None, None, None, None
 
 
 _add_rms_norm_op.register_autograd(_add_backward, setup_context=_add_setup)
+_ADD = AutogradSpec(_add_fwd, _add_setup, _add_backward)
 
 
 @torch.library.custom_op("kernelset::fused_add_rms_norm_", mutates_args=("x", "residual"))
@@ -227,16 +243,20 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.
     weight = _param(op, "weight", weight, x)
     bias = _param(op, "bias", bias, x)
     eps = checks.positive(op, "eps", eps)
-    if _needs_graph(x, weight, bias):
+    if torch.compiler.is_compiling():
         return torch.ops.kernelset.layer_norm(x, weight, bias, eps, str(backend))[0]
+    if _needs_grad(x, weight, bias):
+        return EagerAutograd.apply(_LN, x, weight, bias, eps, str(backend))[0]
     return dispatch.select(op, backend, (x, weight, bias), {}).forward(x, weight, bias, eps, False)[0]
 
 
-@torch.library.custom_op("kernelset::layer_norm", mutates_args=())
-def _layer_norm_op(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float,
-                   backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _ln_fwd(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float,
+            backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     impl = dispatch.select("layer_norm", backend, (x, weight, bias), {})
     return impl.forward(x, weight, bias, eps, True)
+
+
+_layer_norm_op = torch.library.custom_op("kernelset::layer_norm", mutates_args=())(_ln_fwd)
 
 
 @_layer_norm_op.register_fake
@@ -245,14 +265,16 @@ def _(x, weight, bias, eps, backend):
     return x.new_empty(x.shape), stat, stat.new_empty(stat.shape)
 
 
-@torch.library.custom_op("kernelset::layer_norm_backward", mutates_args=())
-def _layer_norm_bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
-                       bias: Optional[torch.Tensor], mean: torch.Tensor, rstd: torch.Tensor, eps: float,
-                       backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _ln_bwd(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+            mean: torch.Tensor, rstd: torch.Tensor, eps: float,
+            backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     impl = dispatch.select("layer_norm", backend, (x, weight, bias), {}, backward=True)
     dx, dw, db = impl.backward(_bwd_ready(dy), x, weight, bias, mean, rstd, eps)
     empty = x.new_empty(0)
     return dx, (dw if dw is not None else empty), (db if db is not None else empty.clone())
+
+
+_layer_norm_bwd_op = torch.library.custom_op("kernelset::layer_norm_backward", mutates_args=())(_ln_bwd)
 
 
 @_layer_norm_bwd_op.register_fake
@@ -270,8 +292,10 @@ def _ln_setup(ctx, inputs, output):
 def _ln_backward(ctx, dy, dmean, drstd):
     x, weight, bias, mean, rstd = ctx.saved_tensors
     eps, backend = ctx.opts
-    dx, dw, db = torch.ops.kernelset.layer_norm_backward(dy, x, weight, bias, mean, rstd, eps, backend)
+    bwd = _ln_bwd if getattr(ctx, "eager", False) else torch.ops.kernelset.layer_norm_backward
+    dx, dw, db = bwd(dy, x, weight, bias, mean, rstd, eps, backend)
     return dx, (dw if weight is not None else None), (db if bias is not None else None), None, None
 
 
 _layer_norm_op.register_autograd(_ln_backward, setup_context=_ln_setup)
+_LN = AutogradSpec(_ln_fwd, _ln_setup, _ln_backward)

@@ -18,7 +18,8 @@ class NormTuning:
     max_block_fwd: int = 16384  # widest row kept whole in registers by the forward
     max_block_bwd: int = 8192  # same for the backward (holds x, dy and the dw partial)
     fwd_tile: int = 2048  # rows per program are added until a program covers this many elements
-    bwd_tile: int = 1024
+    bwd_tile: int = 8192  # rows per backward program grow until this many elements (2 at N=4096;
+    # measured equal to 1 row on H100, docs/benchmarks/2026-11-22-h100/bwd_tile.log)
     fwd_elems_per_thread: int = 16  # fixes num_warps: tile / (32 * this)
     bwd_elems_per_thread: int = 8
     bwd_threads_per_sm: int = 1024  # persistent backward grid: SMs * this / threads per program (registers
