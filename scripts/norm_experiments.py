@@ -3,14 +3,12 @@ reproduced): 2-D block kernel vs a 1-D row kernel vs a persistent 1-D kernel, an
 time of an eager rms_norm call goes."""
 from __future__ import annotations
 
-import time
-
 import torch
 import triton
 import triton.language as tl
 
 import kernelset as ks
-from kernelset.bench.timing import copy_bandwidth_gbs, cuda_time_ms
+from kernelset.bench.timing import copy_bandwidth_gbs, cuda_time_ms, host_us_per_call
 from kernelset.core import dispatch
 from kernelset.ops.norm import policy
 from kernelset.ops.norm.kernels import _norm_fwd_kernel
@@ -72,15 +70,7 @@ def main():
     impl = dispatch.select("rms_norm", "auto", (x, w), {})
     p = policy.fwd_policy(1, 4096, sms, policy.active())
 
-    def per_call(fn, calls=3000):
-        for _ in range(100):
-            fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / calls * 1e6
+    per_call = host_us_per_call
 
     args = (x, x, w, y, y, y, y, y, 1, 4096, 4096, 4096, 4096, 4096, 1e-6, 0.0)
     flags = dict(IS_RMS=True, HAS_RESIDUAL=False, HAS_WEIGHT=True, HAS_BIAS=False, GEMMA_CAST=False,
