@@ -211,6 +211,5 @@ def test_backend_without_an_implementation(op):
 
 
 def test_explain_unknown_op():
-    with pytest.raises(ValueError, match="unknown op 'rmsnorm'; declared ops: fused_add_rms_norm, layer_norm, "
-                                         "rms_norm"):
+    with pytest.raises(ValueError, match="unknown op 'rmsnorm'; declared ops: .*fused_add_rms_norm.*, rms_norm"):
         ks.explain("rmsnorm", _x(), verbose=False)

@@ -52,15 +52,15 @@ def _use_interpreter_if_no_gpu() -> None:
 
 def cmd_list(args) -> int:
     import kernelset as ks
-    rows = [(e.spec.family, e.name, ", ".join(e.backends), "yes" if e.spec.c_abi else "no", e.spec.doc)
-            for e in ks.catalog()]
+    rows = sorted((e.spec.family, e.name, ", ".join(e.backends), "yes" if e.spec.c_abi else "no", e.spec.doc)
+                  for e in ks.catalog())
     if args.json:
         print(json.dumps([{"family": f, "op": n, "backends": b.split(", "), "c_abi": c == "yes", "doc": d}
                           for f, n, b, c, d in rows], indent=1))
         return 0
-    print(f"{'family':<8} {'op':<20} {'backends (priority order)':<26} {'C ABI':<6} formula")
+    print(f"{'family':<11} {'op':<20} {'backends (priority order)':<26} {'C ABI':<6} formula")
     for f, n, b, c, d in rows:
-        print(f"{f:<8} {n:<20} {b:<26} {c:<6} {d}")
+        print(f"{f:<11} {n:<20} {b:<26} {c:<6} {d}")
     return 0
 
 
@@ -68,10 +68,8 @@ def _example_inputs(op: str, shape: tuple[int, ...], dtype: torch.dtype, device:
     import kernelset as ks
     from kernelset.core import registry
     spec = registry.op(op)
-    bench = importlib.import_module(f"kernelset.ops.{spec.family}.bench")
-    inp = bench.ADAPTERS[op].inputs(shape, dtype, device, "fwd")
-    args = {"rms_norm": ("x", "w"), "fused_add_rms_norm": ("x", "r", "w"), "layer_norm": ("x", "w", "b")}[op]
-    return ks, tuple(inp[a] for a in args)
+    adapter = importlib.import_module(f"kernelset.ops.{spec.family}.bench").ADAPTERS[op]
+    return ks, adapter.args(adapter.inputs(shape, dtype, device, "fwd"))
 
 
 def cmd_explain(args) -> int:

@@ -22,6 +22,8 @@ class BenchAdapter:
     peers: Callable[[dict[str, Any], str], dict[str, Runner | str]]
     # (inputs, mode) -> fp32 reference outputs, in the order the closures return them
     reference: Callable[[dict[str, Any], str], Outputs]
+    # inputs -> the op's positional tensor arguments (for ks.explain / ksctl explain and plan)
+    args: Callable[[dict[str, Any]], tuple] = lambda inp: (inp["x"],)
 
 
 def grads_runner(fn: Callable[[], torch.Tensor | tuple[torch.Tensor, ...]], wrt: tuple[torch.Tensor, ...],

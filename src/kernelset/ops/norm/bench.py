@@ -111,6 +111,7 @@ RMS = BenchAdapter(
     ours=lambda inp, mode, backend: _runner(lambda: rms_norm(inp["x"], inp["w"], eps=EPS, backend=backend), inp, mode),
     peers=_rms_peers,
     reference=lambda inp, mode: _reference(lambda x, r, w, b: rms_norm_ref(x, w, EPS, 0.0, False)[0], inp, mode),
+    args=lambda inp: (inp["x"], inp["w"]),
 )
 
 # ---- fused_add_rms_norm -----------------------------------------------------------------------
@@ -131,6 +132,7 @@ ADD = BenchAdapter(
     peers=_add_peers,
     reference=lambda inp, mode: _reference(
         lambda x, r, w, b: fused_add_rms_norm_ref(x, r, w, EPS, 0.0, False)[:2], inp, mode),
+    args=lambda inp: (inp["x"], inp["r"], inp["w"]),
 )
 
 # ---- layer_norm -------------------------------------------------------------------------------
@@ -154,6 +156,7 @@ LN = BenchAdapter(
         lambda: layer_norm(inp["x"], inp["w"], inp["b"], eps=1e-5, backend=backend), inp, mode),
     peers=_ln_peers,
     reference=lambda inp, mode: _reference(lambda x, r, w, b: layer_norm_ref(x, w, b, 1e-5)[0], inp, mode),
+    args=lambda inp: (inp["x"], inp["w"], inp["b"]),
 )
 
 ADAPTERS = {"rms_norm": RMS, "fused_add_rms_norm": ADD, "layer_norm": LN}

@@ -1,0 +1,123 @@
+"""Benchmark adapters of the activation family: inputs, kernelset's runners, peers, reference.
+
+Peers: transformers-style eager torch (``act_fn(gate) * up``), torch.compile of it, and Liger's
+SwiGLU/GeGLU when importable.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ...bench.adapter import BenchAdapter, grads_runner
+from . import api
+from . import reference as R
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(fn):
+    import torch._dynamo.config as dcfg
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(dcfg, name):
+            setattr(dcfg, name, max(getattr(dcfg, name), 256))
+    return torch.compile(fn, dynamic=False)
+
+
+def _liger(module: str, cls: str):
+    try:
+        return getattr(__import__("liger_kernel.ops." + module, fromlist=["x"]), cls)
+    except Exception as exc:
+        return f"liger not importable ({type(exc).__name__})"
+
+
+def _eager_silu_mul(x):
+    i = x.shape[-1] // 2
+    return F.silu(x[..., :i]) * x[..., i:]
+
+
+def _eager_gelu_mul(x):
+    i = x.shape[-1] // 2
+    return F.gelu(x[..., :i]) * x[..., i:]
+
+
+def _eager_swiglu(g, u):
+    return F.silu(g) * u
+
+
+def _eager_gelu(x):
+    return F.gelu(x)
+
+
+def _eager_oai(x):
+    gate, up = x[..., ::2].clamp(max=7.0), x[..., 1::2].clamp(min=-7.0, max=7.0)
+    return (up + 1) * (gate * torch.sigmoid(gate * 1.702))
+
+
+def _inputs(shape, dtype, device, mode, *, pair=False, halves=False):
+    m, n = shape
+    if halves:
+        n += n % 2
+    grad = mode != "fwd"
+    x = torch.randn(m, n, dtype=dtype, device=device, requires_grad=grad)
+    up = torch.randn(m, n, dtype=dtype, device=device, requires_grad=grad) if pair else None
+    out_n = n // 2 if halves else n
+    wrt = (x, up) if pair else (x,)
+    cot = (torch.randn(m, out_n, dtype=dtype, device=device),) if grad else ()
+    names = ("y",) if not grad else ("y", "dx", "dup")[: 1 + len(wrt)]
+    return {"x": x, "up": up, "wrt": wrt, "cot": cot, "names": names}
+
+
+def _runner(fn, inp, mode):
+    if mode == "fwd":
+        return lambda: (fn(),)
+    return grads_runner(fn, inp["wrt"], inp["cot"])
+
+
+def _reference(fn, inp, mode):
+    if mode == "fwd":
+        args = [t.detach().float() for t in inp["wrt"]]
+        return (fn(*args).detach(),)
+    leaves = [t.detach().float().requires_grad_() for t in inp["wrt"]]
+    y = fn(*leaves)
+    return (y.detach(),) + tuple(torch.autograd.grad(y, leaves, [c.float() for c in inp["cot"]]))
+
+
+def _adapter(public, eager, ref_fn, *, pair=False, halves=False, liger=None):
+    def peers(inp, mode):
+        args = inp["wrt"]
+        out: dict[str, Any] = {"torch-eager": _runner(lambda: eager(*args), inp, mode),
+                               "torch.compile": _runner(lambda: _compiled(eager)(*args), inp, mode)}
+        if liger is not None:
+            fn = _liger(*liger)
+            out["liger"] = fn if isinstance(fn, str) else _runner(lambda: fn.apply(*_liger_args(args, halves)),
+                                                                  inp, mode)
+        return out
+
+    return BenchAdapter(
+        inputs=lambda shape, dtype, device, mode: _inputs(shape, dtype, device, mode, pair=pair, halves=halves),
+        ours=lambda inp, mode, backend: _runner(lambda: public(*inp["wrt"], backend=backend), inp, mode),
+        peers=peers,
+        reference=lambda inp, mode: _reference(ref_fn, inp, mode),
+        args=lambda inp: tuple(inp["wrt"]) if pair else (inp["x"],),
+    )
+
+
+def _liger_args(args, halves):
+    if not halves:
+        return args
+    x = args[0]
+    i = x.shape[-1] // 2
+    return x[..., :i], x[..., i:]
+
+
+ADAPTERS = {
+    "silu_and_mul": _adapter(api.silu_and_mul, _eager_silu_mul, R.autograd_ref("silu", "halves"), halves=True,
+                             liger=("swiglu", "LigerSiLUMulFunction")),
+    "gelu_and_mul": _adapter(api.gelu_and_mul, _eager_gelu_mul, R.autograd_ref("gelu", "halves"), halves=True),
+    "swiglu": _adapter(api.swiglu, _eager_swiglu, R.autograd_ref("silu", "pair"), pair=True,
+                       liger=("swiglu", "LigerSiLUMulFunction")),
+    "gelu": _adapter(api.gelu, _eager_gelu, R.autograd_ref("gelu", "single")),
+    "swiglu_oai": _adapter(api.swiglu_oai, _eager_oai, lambda x: R.swiglu_oai(x, 1.702, 7.0), halves=True),
+}

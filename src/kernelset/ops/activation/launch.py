@@ -1,0 +1,70 @@
+"""Launch policy and launchers of the activation kernels."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+
+from ...core.alloc import empty
+from ...core.checks import row_stride
+from ..triton_launch import FastKernel
+from .kernels import _act_bwd_kernel, _act_fwd_kernel
+
+ACTS = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "oai": 3}
+LAYOUTS = {"halves": 0, "pair": 1, "single": 2, "interleaved": 3}
+
+_fwd = FastKernel(_act_fwd_kernel)
+_bwd = FastKernel(_act_bwd_kernel)
+
+
+@dataclasses.dataclass(frozen=True)
+class ActLaunch:
+    block_m: int
+    block_n: int
+    num_warps: int
+    grid: tuple[int, int]
+
+
+@functools.lru_cache(maxsize=4096)
+def act_policy(m: int, i: int, tile: int = 4096) -> ActLaunch:
+    """Tiles of ~``tile`` elements: up to 2048 columns, rows stacked to fill the rest; 8 elements
+    (16 bytes of bf16) per thread per tensor."""
+    block_n = min(1 << max(0, (i - 1).bit_length()), 2048)
+    block_m = max(1, min(tile // block_n, 1 << max(0, (m - 1).bit_length())))
+    warps = max(1, min(16, block_m * block_n // 256))
+    return ActLaunch(block_m, block_n, warps, (-(-m // block_m), -(-i // block_n)))
+
+
+def _rows(t: torch.Tensor) -> int:
+    n = t.shape[-1]
+    return t.numel() // n if n else 0
+
+
+def act_fwd(x: torch.Tensor, up: torch.Tensor | None, kind: str, layout: str, alpha: float = 0.0,
+            limit: float = 0.0) -> torch.Tensor:
+    """y [..., I]; I = x.shape[-1] // 2 for halves/interleaved, x.shape[-1] otherwise."""
+    i = x.shape[-1] // 2 if layout in ("halves", "interleaved") else x.shape[-1]
+    m = _rows(x) if x.shape[-1] else 0
+    y = empty((*x.shape[:-1], i), x.dtype, x.device)
+    if m == 0 or i == 0:
+        return y
+    p = act_policy(m, i)
+    _fwd(p.grid, x, up, y, m, i, row_stride(x), row_stride(up) if up is not None else 0, i, alpha, limit,
+         ACT=ACTS[kind], LAYOUT=LAYOUTS[layout], BLOCK_M=p.block_m, BLOCK_N=p.block_n, num_warps=p.num_warps)
+    return y
+
+
+def act_bwd(dy: torch.Tensor, x: torch.Tensor, up: torch.Tensor | None, kind: str, layout: str):
+    """(dx like x, dup like up or None)."""
+    i = dy.shape[-1]
+    m = _rows(dy) if i else 0
+    dx = empty(x.shape, x.dtype, x.device)
+    du = empty(up.shape, up.dtype, up.device) if up is not None else None
+    if m == 0 or i == 0:
+        return dx, du
+    p = act_policy(m, i)
+    _bwd(p.grid, dy, x, up, dx, du, m, i, row_stride(dy), row_stride(x), row_stride(up) if up is not None else 0,
+         x.shape[-1], i if du is not None else 0, ACT=ACTS[kind], LAYOUT=LAYOUTS[layout], BLOCK_M=p.block_m,
+         BLOCK_N=p.block_n, num_warps=p.num_warps)
+    return dx, du
