@@ -1,0 +1,79 @@
+"""Declarations of softmax / log_softmax and their implementations.
+
+Every backend takes fwd(x, temperature, log, out_dtype) -> y and bwd(dy, y, temperature, log,
+x_dtype) -> dx; the backward works from the saved output.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...core import config
+from ...core.arch import ArchRange, device_arch
+from ...core.checks import row_stride
+from ...core.enums import Backend
+from ...core.registry import BenchCase, Cost, Impl, OpSpec, Problem, declare_op, register_impl
+from . import reference as ref
+
+
+def _rows_ok(t: torch.Tensor) -> bool:
+    return t.is_contiguous() or row_stride(t) is not None
+
+
+def _key(x):
+    return (x.device, x.dtype, x.shape[-1], _rows_ok(x))
+
+
+def _problem_fn(op):
+    def problem(x):
+        n = x.shape[-1]
+        rows = x.numel() // n if n else 0
+        return Problem(op, x.device, x.dtype, (rows, n), device_arch(x.device), {"rows_ok": _rows_ok(x)})
+    return problem
+
+
+def _cost(shape, dtype, mode):
+    m, n = shape
+    s = torch.empty((), dtype=dtype).element_size()
+    if mode == "fwd":
+        return Cost(2 * m * n * s, 0, "read x, write y")
+    return Cost(5 * m * n * s, 0, "read x, write y; read dy and y, write dx")
+
+
+for _name, _log in (("softmax", False), ("log_softmax", True)):
+    declare_op(OpSpec(
+        name=_name, family="softmax",
+        signature=f"{_name}(x, *, dim=-1, temperature=1.0, out_dtype=None, backend='auto')",
+        doc=f"y = {_name}(x / temperature) along dim; fp32 math",
+        reference=(lambda log: lambda x, temperature=1.0: ref.fwd(x, temperature, log, x.dtype))(_log),
+        tolerance="norm", key=_key, problem=_problem_fn(_name), cost=_cost,
+        bench=(BenchCase((32768, 8192), "fwd", bar_pct=90.0), BenchCase((4096, 131072), "fwd", bar_pct=90.0),
+               BenchCase((32768, 8192), "fwd+bwd")) if not _log else (BenchCase((32768, 8192), "fwd"),),
+        c_abi=True,
+    ))
+
+
+def _triton_supports(p: Problem) -> str | None:
+    if p.device.type != "cuda" and not (p.device.type == "cpu" and config.get().triton_interpret):
+        return (f"Triton kernels need a CUDA tensor (x is on {p.device}); "
+                "set TRITON_INTERPRET=1 to run them on CPU tensors")
+    if not p["rows_ok"]:
+        return "the rows of x do not share one stride with a unit-stride last dim (pass .contiguous())"
+    return None
+
+
+def _t_fwd(x, temperature, log, out_dtype):
+    from .launch import softmax_fwd
+    return softmax_fwd(x, temperature, log, out_dtype)
+
+
+def _t_bwd(dy, y, temperature, log, x_dtype):
+    from .launch import softmax_bwd
+    return softmax_bwd(dy, y, temperature, log, x_dtype)
+
+
+for _name in ("softmax", "log_softmax"):
+    register_impl(Impl(op=_name, backend=Backend.TRITON, forward=_t_fwd, backward=_t_bwd, supports=_triton_supports,
+                       priority=100, arch=ArchRange(min=(7, 0)), requires=("triton",),
+                       note="kernelset's own; rows in registers, online (max, sum) for long rows"))
+    register_impl(Impl(op=_name, backend=Backend.REFERENCE, forward=ref.fwd, backward=ref.bwd,
+                       supports=lambda p: None, priority=0, note="fp32 math in plain torch ops; any device"))

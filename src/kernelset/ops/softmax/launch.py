@@ -1,0 +1,91 @@
+"""Launch policy and launchers of the softmax kernels."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+from typing import Iterator
+
+import torch
+
+from ...core.alloc import empty
+from ...core.checks import row_stride
+from ..triton_launch import FastKernel
+from .kernels import _softmax_bwd_kernel, _softmax_bwd_looped_kernel, _softmax_fwd_kernel, _softmax_fwd_looped_kernel
+
+_fwd, _fwd_looped = FastKernel(_softmax_fwd_kernel), FastKernel(_softmax_fwd_looped_kernel)
+_bwd, _bwd_looped = FastKernel(_softmax_bwd_kernel), FastKernel(_softmax_bwd_looped_kernel)
+
+
+@dataclasses.dataclass(frozen=True)
+class SoftmaxTuning:
+    max_block_fwd: int = 16384  # widest row kept whole in registers (fp32: 16 values/thread at 32 warps)
+    max_block_bwd: int = 8192  # the backward holds dy and y
+    tile: int = 2048  # rows per program grow until a program covers this many elements
+    elems_per_thread: int = 16
+    looped_block: int = 8192
+    looped_warps: int = 16
+
+
+_active = [SoftmaxTuning()]
+
+
+@contextlib.contextmanager
+def use(t: SoftmaxTuning) -> Iterator[SoftmaxTuning]:
+    """Other launch values inside a block (tests force the looped kernels on short rows)."""
+    _active.append(t)
+    try:
+        yield t
+    finally:
+        _active.pop()
+
+
+@dataclasses.dataclass(frozen=True)
+class SoftmaxLaunch:
+    looped: bool
+    block_n: int
+    rows: int
+    num_warps: int
+    grid: int
+
+
+@functools.lru_cache(maxsize=4096)
+def policy(m: int, n: int, max_block: int, t: SoftmaxTuning) -> SoftmaxLaunch:
+    block = 1 << max(0, (n - 1).bit_length())
+    if block > max_block:
+        return SoftmaxLaunch(True, min(t.looped_block, block), 1, t.looped_warps, m)
+    rows = max(1, min(t.tile // block, 64, 1 << max(0, (m - 1).bit_length())))
+    warps = max(1, min(32, rows * block // (32 * t.elems_per_thread)))
+    return SoftmaxLaunch(False, block, rows, 1 << (warps.bit_length() - 1), -(-m // rows))
+
+
+def softmax_fwd(x: torch.Tensor, temperature: float, log: bool, out_dtype: torch.dtype) -> torch.Tensor:
+    n = x.shape[-1]
+    m = x.numel() // n if n else 0
+    y = empty(x.shape, out_dtype, x.device)
+    if m == 0:
+        return y
+    t = _active[-1]
+    p = policy(m, n, t.max_block_fwd, t)
+    args = (x, y, m, n, row_stride(x), n, 1.0 / temperature)
+    if p.looped:
+        _fwd_looped((p.grid,), *args, LOG=log, BLOCK_N=p.block_n, num_warps=p.num_warps)
+    else:
+        _fwd((p.grid,), *args, LOG=log, ROWS=p.rows, BLOCK_N=p.block_n, num_warps=p.num_warps)
+    return y
+
+
+def softmax_bwd(dy: torch.Tensor, y: torch.Tensor, temperature: float, log: bool, x_dtype: torch.dtype):
+    n = y.shape[-1]
+    m = y.numel() // n if n else 0
+    dx = empty(y.shape, x_dtype, y.device)
+    if m == 0:
+        return dx
+    t = _active[-1]
+    p = policy(m, n, t.max_block_bwd, t)
+    args = (dy, y, dx, m, n, row_stride(dy), row_stride(y), n, 1.0 / temperature)
+    if p.looped:
+        _bwd_looped((p.grid,), *args, LOG=log, BLOCK_N=p.block_n, num_warps=p.num_warps)
+    else:
+        _bwd((p.grid,), *args, LOG=log, ROWS=p.rows, BLOCK_N=p.block_n, num_warps=p.num_warps)
+    return dx
