@@ -1,0 +1,4 @@
+"""Losses: fused cross-entropy (label smoothing, z-loss, logit softcap, ignore_index)."""
+from .api import Reduction, cross_entropy
+
+__all__ = ["Reduction", "cross_entropy"]

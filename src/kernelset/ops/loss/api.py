@@ -1,0 +1,103 @@
+"""Public cross_entropy, its custom op and autograd.
+
+The forward writes the gradient (scaled for the reduction) while it reads the logits, so the
+backward only multiplies by the incoming gradient: in place and skipped on the device where that
+is 1.0 (eager), or as a plain multiply that torch.compile fuses (compiled).
+"""
+from __future__ import annotations
+
+import torch
+
+from ...core import checks, dispatch
+from ...core.autograd import AutogradSpec, EagerAutograd
+from ...core.enums import AUTO, Backend, KsEnum
+from ...core.errors import ArgumentError
+from . import backends  # noqa: F401  (declares the op and registers its implementations)
+from . import reference as ref
+
+
+class Reduction(KsEnum):
+    MEAN = "mean"  # over rows whose target is not ignore_index; 0 when all are ignored
+    SUM = "sum"
+    NONE = "none"
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100,
+                  label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: float | None = None,
+                  reduction: Reduction | str = Reduction.MEAN, backend: Backend | str = AUTO) -> torch.Tensor:
+    """Cross-entropy of logits ``[..., V]`` against integer targets ``[...]``, one fused pass.
+
+    z = softcap * tanh(logits / softcap) when softcap is set; per row
+    ``(1 - eps)(lse - z_t) + eps (lse - mean z) + z_loss lse^2``, 0 for ignored rows.
+    fp32 math and fp32 loss. A target outside [0, V) that is not ignore_index gives a NaN loss
+    (checked on the device: no host sync, no out-of-bounds read).
+    """
+    op = "cross_entropy"
+    checks.tensor(op, "logits", logits)
+    checks.tensor(op, "target", target, dtypes=(torch.int64, torch.int32), min_ndim=0)
+    checks.shape(op, "target", target, tuple(logits.shape[:-1]), "logits' leading shape")
+    checks.same_device(op, "target", target, "logits", logits)
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise ArgumentError(op, "ignore_index", "an int", repr(ignore_index))
+    label_smoothing = checks.finite(op, "label_smoothing", label_smoothing)
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ArgumentError(op, "label_smoothing", "in [0, 1)", label_smoothing)
+    z_loss = checks.finite(op, "z_loss", z_loss)
+    if z_loss < 0:
+        raise ArgumentError(op, "z_loss", ">= 0", z_loss)
+    cap = 0.0 if softcap is None else checks.positive(op, "softcap", softcap)
+    red = Reduction.parse(reduction, what="reduction").value
+    v = logits.shape[-1]
+    if v == 0:
+        raise ArgumentError(op, "logits", "of vocabulary size (last dim) >= 1", f"shape {tuple(logits.shape)}")
+    x2, t2 = logits.reshape(-1, v), target.reshape(-1)
+    args = (x2, t2, ignore_index, label_smoothing, z_loss, cap, red)
+    if torch.compiler.is_compiling():
+        loss = torch.ops.kernelset.cross_entropy(*args, logits.requires_grad, str(backend))[0]
+    elif torch.is_grad_enabled() and logits.requires_grad:
+        loss = EagerAutograd.apply(_SPEC, *args, True, str(backend))[0]
+    else:
+        loss = dispatch.select(op, backend, (x2, t2), {}).forward(*args, False)[0]
+    return loss.reshape(target.shape) if red == "none" else loss
+
+
+def _fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float, z_loss: float,
+         softcap: float, reduction: str, need_grad: bool, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    impl = dispatch.select("cross_entropy", backend, (logits, target), {})
+    loss, dlogits = impl.forward(logits, target, ignore_index, label_smoothing, z_loss, softcap or None, reduction,
+                                 need_grad)
+    return loss, (dlogits if dlogits is not None else logits.new_empty(0))
+
+
+_op = torch.library.custom_op("kernelset::cross_entropy", mutates_args=())(_fwd)
+
+
+@_op.register_fake
+def _(logits, target, ignore_index, label_smoothing, z_loss, softcap, reduction, need_grad, backend):
+    loss = logits.new_empty(logits.shape[:1] if reduction == "none" else (), dtype=torch.float32)
+    return loss, (logits.new_empty(logits.shape) if need_grad else logits.new_empty(0))
+
+
+def _setup(ctx, inputs, output):
+    ctx.save_for_backward(output[1])
+    ctx.opts = (inputs[6], inputs[8], inputs[0], inputs[1])  # reduction, backend, logits, target (for dispatch)
+    ctx.used = False
+
+
+def _backward(ctx, grad_loss, grad_dlogits):
+    (dlogits,) = ctx.saved_tensors
+    reduction, backend, logits, target = ctx.opts
+    if getattr(ctx, "eager", False):
+        if ctx.used:  # the in-place scaling would apply twice
+            raise RuntimeError("kernelset.cross_entropy: backward ran twice (retain_graph=True) and is not "
+                               "supported; compute the loss again")
+        ctx.used = True
+        impl = dispatch.select("cross_entropy", backend, (logits, target), {}, backward=True)
+        dx = impl.backward(grad_loss, dlogits, reduction)
+    else:
+        dx = ref.bwd(grad_loss, dlogits, reduction)  # plain torch ops: torch.compile fuses the multiply
+    return dx, None, None, None, None, None, None, None, None
+
+
+_op.register_autograd(_backward, setup_context=_setup)
+_SPEC = AutogradSpec(_fwd, _setup, _backward)

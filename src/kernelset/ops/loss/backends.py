@@ -1,0 +1,72 @@
+"""Declaration of cross_entropy and its implementations.
+
+fwd(logits, target, ignore_index, label_smoothing, z_loss, softcap, reduction, need_grad)
+-> (loss, dlogits or None); bwd(grad_out, dlogits, reduction) -> dlogits * grad_out.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...core import config
+from ...core.arch import ArchRange, device_arch
+from ...core.enums import Backend
+from ...core.registry import BenchCase, Cost, Impl, OpSpec, Problem, declare_op, register_impl
+from . import reference as ref
+
+
+def _key(logits, target):
+    return (logits.device, logits.dtype, logits.shape[-1], target.dtype, logits.stride(-1) == 1)
+
+
+def _problem(logits, target):
+    m, v = logits.shape
+    return Problem("cross_entropy", logits.device, logits.dtype, (m, v), device_arch(logits.device),
+                   {"vocab": v, "target": str(target.dtype).replace("torch.", ""),
+                    "unit_stride": logits.stride(-1) == 1 or v == 1})
+
+
+def _cost(shape, dtype, mode):
+    m, v = shape
+    s = torch.empty((), dtype=dtype).element_size()
+    if mode == "fwd":
+        return Cost(m * v * s, 0, "read logits")
+    return Cost(2 * m * v * s, 0, "read logits, write dlogits (the backward scales in place only if needed)")
+
+
+declare_op(OpSpec(
+    name="cross_entropy", family="loss",
+    signature="cross_entropy(logits, target, *, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, "
+              "softcap=None, reduction='mean', backend='auto')",
+    doc="(1-eps)(lse - z_t) + eps (lse - mean z) + z_loss lse^2, z = softcap tanh(x / softcap); fp32 loss",
+    reference=lambda logits, target: ref.fwd(logits, target, -100, 0.0, 0.0, None, "mean", False)[0],
+    tolerance="norm", key=_key, problem=_problem, cost=_cost,
+    bench=(BenchCase((8192, 128256), "fwd+bwd", bar_pct=90.0), BenchCase((8192, 128256), "fwd"),
+           BenchCase((4096, 262144), "fwd+bwd")),
+    c_abi=True,
+))
+
+
+def _triton_supports(p: Problem) -> str | None:
+    if p.device.type != "cuda" and not (p.device.type == "cpu" and config.get().triton_interpret):
+        return (f"Triton kernels need a CUDA tensor (logits are on {p.device}); "
+                "set TRITON_INTERPRET=1 to run them on CPU tensors")
+    if not p["unit_stride"]:
+        return "logits' last dim is not unit-stride (pass .contiguous())"
+    return None
+
+
+def _t_fwd(*args):
+    from .launch import ce_fwd
+    return ce_fwd(*args)
+
+
+def _t_bwd(grad_out, dlogits, reduction):
+    from .launch import ce_bwd
+    return ce_bwd(grad_out, dlogits, reduction)
+
+
+register_impl(Impl(op="cross_entropy", backend=Backend.TRITON, forward=_t_fwd, backward=_t_bwd,
+                   supports=_triton_supports, priority=100, arch=ArchRange(min=(7, 0)), requires=("triton",),
+                   note="one read of the logits; the gradient written in the same kernel"))
+register_impl(Impl(op="cross_entropy", backend=Backend.REFERENCE, forward=ref.fwd, backward=ref.bwd,
+                   supports=lambda p: None, priority=0, note="fp32 math in plain torch ops; any device"))

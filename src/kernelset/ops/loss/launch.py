@@ -1,0 +1,73 @@
+"""Launchers of the cross-entropy kernels."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Iterator
+
+import torch
+
+from ...core.alloc import empty
+from ...core.checks import row_stride
+from ..triton_launch import FastKernel
+from .kernels import _ce_fwd_kernel, _ce_scale_kernel
+
+_fwd = FastKernel(_ce_fwd_kernel)
+_scale = FastKernel(_ce_scale_kernel)
+
+
+@dataclasses.dataclass(frozen=True)
+class CETuning:
+    block: int = 8192  # vocabulary chunk per loop step
+    num_warps: int = 16
+    scale_block: int = 4096
+
+
+_active = [CETuning()]
+
+
+@contextlib.contextmanager
+def use(t: CETuning) -> Iterator[CETuning]:
+    _active.append(t)
+    try:
+        yield t
+    finally:
+        _active.pop()
+
+
+def _scale_tensor(target: torch.Tensor, ignore_index: int, reduction: str) -> torch.Tensor:
+    # 1 / (rows not ignored), at least 1, computed on the device: no host sync
+    if reduction == "mean":
+        return 1.0 / (target != ignore_index).sum().clamp(min=1).to(torch.float32)
+    return torch.ones((), dtype=torch.float32, device=target.device)
+
+
+def ce_fwd(logits, target, ignore_index, smoothing, z_loss, softcap, reduction, need_grad):
+    """(loss reduced as asked, in fp32; dlogits already scaled for the reduction, or None)."""
+    m, v = logits.shape
+    loss = empty((m,), torch.float32, logits.device)
+    lse = empty((m,), torch.float32, logits.device)
+    dx = empty((m, v), logits.dtype, logits.device) if need_grad else None
+    scale = _scale_tensor(target, ignore_index, reduction)
+    if m:
+        t = _active[-1]
+        block = min(t.block, 1 << max(0, (v - 1).bit_length()))
+        _fwd((m,), logits, target, loss, lse, dx, scale, m, v, row_stride(logits), v, ignore_index, smoothing,
+             z_loss, softcap or 0.0, SOFTCAP=bool(softcap), HAS_GRAD=need_grad, BLOCK=block,
+             num_warps=min(t.num_warps, max(1, block // 256)))
+    if reduction == "none":
+        return loss, dx
+    total = loss.sum()
+    return (total * scale if reduction == "mean" else total), dx
+
+
+def ce_bwd(grad_out: torch.Tensor, dlogits: torch.Tensor, reduction: str) -> torch.Tensor:
+    """dlogits *= grad_out in place (rows where it is 1.0 are skipped on the device); returns dlogits."""
+    m, v = dlogits.shape
+    if m:
+        t = _active[-1]
+        block = min(t.scale_block, 1 << max(0, (v - 1).bit_length()))
+        go = grad_out.float() if grad_out.dtype != torch.float32 else grad_out
+        _scale((m, -(-v // block)), dlogits, go.contiguous(), v, v, PER_ROW=reduction == "none", BLOCK=block,
+               num_warps=4)
+    return dlogits

@@ -1,0 +1,50 @@
+"""fp32 reference of the fused cross-entropy: loss and its gradient by explicit formulas.
+
+z = softcap * tanh(x / softcap) (or x); lse = logsumexp(z);
+loss_row = (1 - eps) (lse - z_t) + eps (lse - mean(z)) + z_loss * lse^2   (0 for ignored rows)
+dz = softmax(z) (1 + 2 z_loss lse) - (1 - eps) onehot(t) - eps / V;  dx = dz (1 - (z / softcap)^2)
+mean divides by the number of rows not ignored (at least 1: an all-ignored batch gives 0).
+"""
+from __future__ import annotations
+
+import torch
+
+
+def _acc(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.float64 else t.float()
+
+
+def rows(logits, target, ignore_index, label_smoothing, z_loss, softcap):
+    """(per-row loss, lse, z, valid mask, safe target) in fp32."""
+    x = _acc(logits)
+    z = softcap * torch.tanh(x / softcap) if softcap else x
+    lse = torch.logsumexp(z, dim=-1)
+    valid = target != ignore_index
+    t = torch.where(valid, target, torch.zeros_like(target)).long()
+    zt = z.gather(-1, t.unsqueeze(-1)).squeeze(-1)
+    loss = (1.0 - label_smoothing) * (lse - zt) + label_smoothing * (lse - z.mean(-1)) + z_loss * lse * lse
+    return torch.where(valid, loss, torch.zeros_like(loss)), lse, z, valid, t
+
+
+def fwd(logits, target, ignore_index, label_smoothing, z_loss, softcap, reduction, need_grad):
+    loss, lse, z, valid, t = rows(logits, target, ignore_index, label_smoothing, z_loss, softcap)
+    scale = 1.0 / valid.sum().clamp(min=1).to(loss.dtype) if reduction == "mean" else None
+    out = loss if reduction == "none" else (loss.sum() * scale if reduction == "mean" else loss.sum())
+    if not need_grad:
+        return out, None
+    v = z.shape[-1]
+    p = torch.exp(z - lse.unsqueeze(-1))
+    dz = p * (1.0 + 2.0 * z_loss * lse).unsqueeze(-1) - label_smoothing / v
+    dz = dz.scatter_add(-1, t.unsqueeze(-1), torch.full_like(lse, -(1.0 - label_smoothing)).unsqueeze(-1))
+    if softcap:
+        dz = dz * (1.0 - (z / softcap) ** 2)
+    dz = torch.where(valid.unsqueeze(-1), dz, torch.zeros_like(dz))
+    if scale is not None:
+        dz = dz * scale
+    return out, dz.to(logits.dtype)
+
+
+def bwd(grad_out: torch.Tensor, dlogits: torch.Tensor, reduction: str) -> torch.Tensor:
+    """dlogits (already scaled for the reduction) times the incoming gradient."""
+    g = grad_out.unsqueeze(-1) if reduction == "none" else grad_out
+    return (_acc(dlogits) * _acc(g)).to(dlogits.dtype)

@@ -1,0 +1,198 @@
+"""cross_entropy: every implementation against an fp32 autograd reference (loss and gradient),
+torch's own F.cross_entropy where the options overlap, and the edge cases a trainer hits."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernelset as ks
+from kernelset.core.registry import impls
+from kernelset.core.tolerance import rel_err, tolerance
+from kernelset.ops.loss import launch
+from kernelset.ops.loss import reference as R
+
+DTYPES = [torch.float32, torch.bfloat16]
+DT_IDS = lambda d: str(d).replace("torch.", "")  # noqa: E731
+
+# (id, logits shape, how, why)
+CASES = [
+    ("row1-v1000", (1, 1000), "plain", "one row"),
+    ("v-odd-4097", (3, 4097), "plain", "ragged vocabulary tail"),
+    ("3d", (2, 3, 500), "plain", "[B, S, V] logits with [B, S] targets"),
+    ("strided-rows", (4, 300), "slice", "rows of a wider tensor (row stride 330)"),
+    ("looped", (3, 1000), "looped", "several vocabulary chunks (forced 128-wide)"),
+    ("v2", (9, 2), "plain", "tiny vocabulary"),
+]
+# (id, kwargs): the option combinations a trainer uses
+OPTIONS = [
+    ("plain", {}),
+    ("smooth", {"label_smoothing": 0.1}),
+    ("zloss-softcap", {"z_loss": 1e-3, "softcap": 30.0}),
+    ("all", {"label_smoothing": 0.05, "z_loss": 1e-4, "softcap": 15.0}),
+]
+
+
+def _logits(shape, how, dtype, device):
+    if how == "slice":
+        return (torch.randn(shape[0], shape[1] + 30, device=device) * 4).to(dtype)[:, : shape[1]]
+    return (torch.randn(*shape, device=device) * 4).to(dtype)
+
+
+def _targets(shape, device):
+    t = torch.randint(0, shape[-1], shape[:-1], device=device)
+    t.view(-1)[::3] = -100  # a third ignored
+    return t
+
+
+def _ref_loss(x, t, opts, reduction):
+    loss, _, _, valid, _ = R.rows(x, t, -100, opts.get("label_smoothing", 0.0), opts.get("z_loss", 0.0),
+                                 opts.get("softcap"))
+    if reduction == "none":
+        return loss
+    return loss.sum() / valid.sum().clamp(min=1) if reduction == "mean" else loss.sum()
+
+
+@pytest.mark.parametrize("backend", [str(i.backend) for i in impls("cross_entropy")])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
+@pytest.mark.parametrize("opt", OPTIONS, ids=lambda o: o[0])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy(backend, dtype, case, opt, reduction, device):
+    _, shape, how, _ = case
+    x = _logits(shape, how, dtype, device).requires_grad_(True)
+    t = _targets(shape, device)
+    with launch.use(launch.CETuning(block=128)) if how == "looped" else launch.use(launch._active[-1]):
+        loss = ks.cross_entropy(x, t, reduction=reduction, backend=backend, **opt[1])
+        g = torch.rand_like(loss) + 0.5  # not 1.0: the backward's scaling must run
+        loss.backward(g)
+    xr = x.detach().float().requires_grad_()
+    lr = _ref_loss(xr.reshape(-1, shape[-1]), t.reshape(-1), opt[1], reduction)
+    lr = lr.reshape(t.shape) if reduction == "none" else lr
+    lr.backward(g)
+    assert loss.dtype == torch.float32 and loss.shape == lr.shape
+    assert rel_err(loss, lr) <= tolerance("norm", torch.float32), f"loss rel err {rel_err(loss, lr):.3g}"
+    assert x.grad.dtype == dtype and not x.grad.isnan().any()
+    err = rel_err(x.grad, xr.grad)
+    assert err <= tolerance("norm", dtype, grad=True), f"dlogits rel err {err:.3g}"
+
+
+@pytest.mark.parametrize("backend", [str(i.backend) for i in impls("cross_entropy")])
+def test_matches_torch(backend, device):
+    x = torch.randn(16, 777, device=device, requires_grad=True)
+    t = torch.randint(0, 777, (16,), device=device)
+    t[3] = -100
+    loss = ks.cross_entropy(x, t, label_smoothing=0.2, backend=backend)
+    xr = x.detach().clone().requires_grad_()
+    want = F.cross_entropy(xr, t, label_smoothing=0.2)
+    loss.backward()
+    want.backward()
+    assert rel_err(loss, want) < 1e-6 and rel_err(x.grad, xr.grad) < 1e-5
+
+
+@pytest.mark.parametrize("backend", [str(i.backend) for i in impls("cross_entropy")])
+def test_all_ignored_gives_zero_not_nan(backend, device):
+    x = torch.randn(4, 50, device=device, requires_grad=True)
+    t = torch.full((4,), -100, device=device)
+    loss = ks.cross_entropy(x, t, backend=backend)
+    loss.backward()
+    assert loss.item() == 0.0 and torch.equal(x.grad, torch.zeros_like(x))
+
+
+@pytest.mark.parametrize("backend", ["triton"])
+def test_out_of_range_target_poisons_the_loss(backend, device):
+    x = torch.randn(3, 50, device=device)
+    t = torch.tensor([1, 50, 2], device=device)  # 50 is outside [0, 50)
+    loss = ks.cross_entropy(x, t, reduction="none", backend=backend)
+    assert loss[1].isnan() and torch.isfinite(loss[[0, 2]]).all()
+
+
+def test_backward_twice_is_refused(device):
+    x = torch.randn(2, 10, device=device, requires_grad=True)
+    loss = ks.cross_entropy(x, torch.tensor([1, 2], device=device))
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward ran twice"):
+        loss.backward()
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"label_smoothing": 1.0}, "label_smoothing"),
+    ({"z_loss": -1.0}, "z_loss"),
+    ({"softcap": 0.0}, "softcap"),
+    ({"reduction": "avg"}, "reduction"),
+    ({"ignore_index": 1.5}, "ignore_index"),
+], ids=["smoothing-1", "negative-zloss", "zero-softcap", "bad-reduction", "float-ignore-index"])
+def test_bad_options(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        ks.cross_entropy(torch.randn(2, 5), torch.tensor([0, 1]), **kwargs)
+
+
+@pytest.mark.parametrize("logits,target,match", [
+    (torch.randn(2, 5), torch.tensor([0.0, 1.0]), "target"),
+    (torch.randn(2, 5), torch.tensor([0, 1, 2]), "target"),
+    (torch.randint(0, 3, (2, 5)), torch.tensor([0, 1]), "logits"),
+], ids=["float-target", "target-shape", "int-logits"])
+def test_bad_tensors(logits, target, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        ks.cross_entropy(logits, target)
+
+
+def test_compile_fullgraph_with_backward(device):
+    x = torch.randn(8, 64, device=device, requires_grad=True)
+    t = torch.randint(0, 64, (8,), device=device)
+
+    def f(a):
+        return ks.cross_entropy(a * 2, t, label_smoothing=0.1, z_loss=1e-3) * 3
+
+    (ge,) = torch.autograd.grad(f(x), (x,))
+    (gc,) = torch.autograd.grad(torch.compile(f, fullgraph=True, backend="aot_eager")(x), (x,))
+    assert rel_err(gc, ge) < 1e-6
+
+
+_AOT = r"""
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kernelset.ops.loss import kernels as K
+out = []
+sig = dict(X="*bf16", T="*i64", LOSS="*fp32", LSE="*fp32", DX="*bf16", SCALE="*fp32", M="i32", V="i32",
+           stride_x="i32", stride_dx="i32", ignore_index="i32", smoothing="fp32", z_loss="fp32", softcap="fp32")
+for softcap in (False, True):
+    consts = dict(SOFTCAP=softcap, HAS_GRAD=True, BLOCK=8192)
+    attrs = {(k,): [["tt.divisibility", 16]] for k, (n, ty) in enumerate(sig.items()) if ty.startswith("*")
+             or n in ("V", "stride_x", "stride_dx")}
+    src = ASTSource(K._ce_fwd_kernel, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
+                    attrs=attrs)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=16)).asm["ptx"]
+    out.append(dict(case=f"fwd-softcap{softcap}", local="ld.local" in ptx or "st.local" in ptx, v4=".v4" in ptx))
+ssig = dict(DX="*bf16", GO="*fp32", V="i32", stride_dx="i32")
+for per_row in (False, True):
+    consts = dict(PER_ROW=per_row, BLOCK=4096)
+    src = ASTSource(K._ce_scale_kernel, signature={**ssig, **{k: "constexpr" for k in consts}}, constexprs=consts,
+                    attrs={(0,): [["tt.divisibility", 16]], (2,): [["tt.divisibility", 16]],
+                           (3,): [["tt.divisibility", 16]]})
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["ptx"]
+    out.append(dict(case=f"scale-per_row{per_row}", local="ld.local" in ptx or "st.local" in ptx, v4=".v4" in ptx))
+print(json.dumps(out))
+"""
+
+
+def test_kernels_compile_for_sm90():
+    import json
+    import os
+    import subprocess
+    import sys
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+        get_ptxas(90).path
+    except Exception as exc:
+        pytest.skip(f"Triton NVIDIA backend/ptxas not usable here: {exc}")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _AOT], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(results) == 4
+    for r in results:
+        assert not r["local"], f"{r['case']}: local-memory traffic (spills)"
+        assert r["v4"], f"{r['case']}: no 16-byte vector access"
