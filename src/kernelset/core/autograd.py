@@ -15,6 +15,11 @@ from typing import Any, Callable
 import torch
 
 
+def needs_grad(*ts: torch.Tensor | None) -> bool:
+    """Whether an eager call must record autograd (any input requires grad, grad mode on)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)
+
+
 @dataclasses.dataclass(frozen=True)
 class AutogradSpec:
     forward: Callable[..., Any]  # the custom op's implementation (not the op)

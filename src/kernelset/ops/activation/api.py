@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from ...core import checks, dispatch
-from ...core.autograd import AutogradSpec, EagerAutograd
+from ...core.autograd import AutogradSpec, EagerAutograd, needs_grad
 from ...core.enums import AUTO, Backend, KsEnum
 from ...core.errors import ArgumentError
 from . import backends  # noqa: F401  (declares the ops and registers their implementations)
@@ -27,10 +27,6 @@ def _gelu_kind(approximate: GeluApprox | str) -> str:
     return "gelu_tanh" if GeluApprox.parse(approximate, what="approximate") is GeluApprox.TANH else "gelu"
 
 
-def _needs_grad(*ts: torch.Tensor | None) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)
-
-
 def _even_last(op: str, x: torch.Tensor) -> None:
     checks.tensor(op, "x", x)
     if x.shape[-1] % 2:
@@ -41,7 +37,7 @@ def _run(op: str, x: torch.Tensor, up: torch.Tensor | None, kind: str, layout: s
          backend: Backend | str) -> torch.Tensor:
     if torch.compiler.is_compiling():
         return torch.ops.kernelset.act(x, up, kind, layout, alpha, limit, op, str(backend))
-    if _needs_grad(x, up):
+    if needs_grad(x, up):
         return EagerAutograd.apply(_ACT, x, up, kind, layout, alpha, limit, op, str(backend))
     return dispatch.select(op, backend, (x, up), {}).forward(x, up, kind, layout, alpha, limit)
 
@@ -91,7 +87,7 @@ def swiglu_oai(x: torch.Tensor, *, alpha: float = 1.702, limit: float = 7.0,
     _even_last(op, x)
     alpha = checks.finite(op, "alpha", alpha)
     limit = checks.positive(op, "limit", limit)
-    if _needs_grad(x):
+    if needs_grad(x):
         raise ArgumentError(op, "x", "a tensor that does not require grad (swiglu_oai is forward-only)",
                             "x.requires_grad=True")
     return _run(op, x, None, "oai", "interleaved", alpha, limit, backend)

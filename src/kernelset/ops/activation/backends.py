@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from ...core import config
 from ...core.arch import ArchRange, device_arch
 from ...core.checks import row_stride
 from ...core.enums import Backend
 from ...core.registry import BenchCase, Cost, Impl, OpSpec, Problem, declare_op, register_impl
+from ...core.support import triton_rows
 from . import reference as ref
 
 
@@ -71,15 +71,6 @@ _declare("swiglu_oai", "swiglu_oai(x, *, alpha=1.702, limit=7.0, backend='auto')
          (BenchCase((16384, 2 * 2880), "fwd"),), differentiable=False)
 
 
-def _triton_supports(p: Problem) -> str | None:
-    if p.device.type != "cuda" and not (p.device.type == "cpu" and config.get().triton_interpret):
-        return (f"Triton kernels need a CUDA tensor (x is on {p.device}); "
-                "set TRITON_INTERPRET=1 to run them on CPU tensors")
-    if not p["rows_ok"]:
-        return "the rows of a tensor do not share one stride with a unit-stride last dim (pass .contiguous())"
-    return None
-
-
 def _t_fwd(x, up, kind, layout, alpha, limit):
     from .launch import act_fwd
     return act_fwd(x, up, kind, layout, alpha, limit)
@@ -92,7 +83,7 @@ def _t_bwd(dy, x, up, kind, layout):
 
 for _op, _bwd_fn in (("silu_and_mul", _t_bwd), ("gelu_and_mul", _t_bwd), ("swiglu", _t_bwd), ("gelu", _t_bwd),
                      ("swiglu_oai", None)):
-    register_impl(Impl(op=_op, backend=Backend.TRITON, forward=_t_fwd, backward=_bwd_fn, supports=_triton_supports,
+    register_impl(Impl(op=_op, backend=Backend.TRITON, forward=_t_fwd, backward=_bwd_fn, supports=triton_rows,
                        priority=100, arch=ArchRange(min=(7, 0)), requires=("triton",),
                        note="kernelset's own elementwise kernel, 2-D tiles"))
     register_impl(Impl(op=_op, backend=Backend.REFERENCE, forward=ref.fwd,

@@ -5,24 +5,14 @@ SwiGLU/GeGLU when importable.
 """
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from ...bench.adapter import BenchAdapter, grads_runner
+from ...bench.adapter import BenchAdapter, compiled, runner
 from . import api
 from . import reference as R
-
-
-@functools.lru_cache(maxsize=None)
-def _compiled(fn):
-    import torch._dynamo.config as dcfg
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(dcfg, name):
-            setattr(dcfg, name, max(getattr(dcfg, name), 256))
-    return torch.compile(fn, dynamic=False)
 
 
 def _liger(module: str, cls: str):
@@ -69,12 +59,6 @@ def _inputs(shape, dtype, device, mode, *, pair=False, halves=False):
     return {"x": x, "up": up, "wrt": wrt, "cot": cot, "names": names}
 
 
-def _runner(fn, inp, mode):
-    if mode == "fwd":
-        return lambda: (fn(),)
-    return grads_runner(fn, inp["wrt"], inp["cot"])
-
-
 def _reference(fn, inp, mode):
     if mode == "fwd":
         args = [t.detach().float() for t in inp["wrt"]]
@@ -87,17 +71,17 @@ def _reference(fn, inp, mode):
 def _adapter(public, eager, ref_fn, *, pair=False, halves=False, liger=None):
     def peers(inp, mode):
         args = inp["wrt"]
-        out: dict[str, Any] = {"torch-eager": _runner(lambda: eager(*args), inp, mode),
-                               "torch.compile": _runner(lambda: _compiled(eager)(*args), inp, mode)}
+        out: dict[str, Any] = {"torch-eager": runner(lambda: eager(*args), inp, mode),
+                               "torch.compile": runner(lambda: compiled(eager)(*args), inp, mode)}
         if liger is not None:
             fn = _liger(*liger)
-            out["liger"] = fn if isinstance(fn, str) else _runner(lambda: fn.apply(*_liger_args(args, halves)),
+            out["liger"] = fn if isinstance(fn, str) else runner(lambda: fn.apply(*_liger_args(args, halves)),
                                                                   inp, mode)
         return out
 
     return BenchAdapter(
         inputs=lambda shape, dtype, device, mode: _inputs(shape, dtype, device, mode, pair=pair, halves=halves),
-        ours=lambda inp, mode, backend: _runner(lambda: public(*inp["wrt"], backend=backend), inp, mode),
+        ours=lambda inp, mode, backend: runner(lambda: public(*inp["wrt"], backend=backend), inp, mode),
         peers=peers,
         reference=lambda inp, mode: _reference(ref_fn, inp, mode),
         args=lambda inp: tuple(inp["wrt"]) if pair else (inp["x"],),

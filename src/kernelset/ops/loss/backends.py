@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from ...core import config
 from ...core.arch import ArchRange, device_arch
 from ...core.enums import Backend
 from ...core.registry import BenchCase, Cost, Impl, OpSpec, Problem, declare_op, register_impl
+from ...core.support import triton_device
 from . import reference as ref
 
 
@@ -47,12 +47,10 @@ declare_op(OpSpec(
 
 
 def _triton_supports(p: Problem) -> str | None:
-    if p.device.type != "cuda" and not (p.device.type == "cpu" and config.get().triton_interpret):
-        return (f"Triton kernels need a CUDA tensor (logits are on {p.device}); "
-                "set TRITON_INTERPRET=1 to run them on CPU tensors")
-    if not p["unit_stride"]:
+    reason = triton_device(p, "logits")
+    if reason is None and not p["unit_stride"]:
         return "logits' last dim is not unit-stride (pass .contiguous())"
-    return None
+    return reason
 
 
 def _t_fwd(*args):

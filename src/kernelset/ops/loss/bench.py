@@ -2,22 +2,12 @@
 (``F.cross_entropy(logits.float(), target)``), torch.compile of it, and Liger when importable."""
 from __future__ import annotations
 
-import functools
 
 import torch
 import torch.nn.functional as F
 
-from ...bench.adapter import BenchAdapter, grads_runner
+from ...bench.adapter import BenchAdapter, compiled, runner
 from . import api, reference
-
-
-@functools.lru_cache(maxsize=None)
-def _compiled(fn):
-    import torch._dynamo.config as dcfg
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(dcfg, name):
-            setattr(dcfg, name, max(getattr(dcfg, name), 256))
-    return torch.compile(fn, dynamic=False)
 
 
 def _hf(x, t):
@@ -34,12 +24,6 @@ def _inputs(shape, dtype, device, mode):
     return {"x": x, "t": t, "wrt": (x,), "cot": cot, "names": ("loss", "dlogits") if grad else ("loss",)}
 
 
-def _runner(fn, inp, mode):
-    if mode == "fwd":
-        return lambda: (fn(),)
-    return grads_runner(fn, inp["wrt"], inp["cot"])
-
-
 def _reference(inp, mode):
     # kernelset's own fp32 reference: the same mean over non-ignored rows (0 when all are ignored,
     # where F.cross_entropy gives NaN)
@@ -52,11 +36,11 @@ def _reference(inp, mode):
 
 def _peers(inp, mode):
     x, t = inp["x"], inp["t"]
-    peers = {"torch-eager": _runner(lambda: _hf(x, t), inp, mode),
-             "torch.compile": _runner(lambda: _compiled(_hf)(x, t), inp, mode)}
+    peers = {"torch-eager": runner(lambda: _hf(x, t), inp, mode),
+             "torch.compile": runner(lambda: compiled(_hf)(x, t), inp, mode)}
     try:
         from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
-        peers["liger"] = _runner(lambda: LigerCrossEntropyFunction.apply(x, t)[0], inp, mode)
+        peers["liger"] = runner(lambda: LigerCrossEntropyFunction.apply(x, t)[0], inp, mode)
     except Exception as exc:
         peers["liger"] = f"liger not importable ({type(exc).__name__})"
     return peers
@@ -64,7 +48,7 @@ def _peers(inp, mode):
 
 ADAPTERS = {"cross_entropy": BenchAdapter(
     inputs=_inputs,
-    ours=lambda inp, mode, backend: _runner(lambda: api.cross_entropy(inp["x"], inp["t"], backend=backend), inp, mode),
+    ours=lambda inp, mode, backend: runner(lambda: api.cross_entropy(inp["x"], inp["t"], backend=backend), inp, mode),
     peers=_peers,
     reference=_reference,
     args=lambda inp: (inp["x"], inp["t"]),

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 
 from ...core import checks, dispatch
-from ...core.autograd import AutogradSpec, EagerAutograd
+from ...core.autograd import AutogradSpec, EagerAutograd, needs_grad
 from ...core.checks import row_stride
 from ...core.enums import AUTO, Backend, KsEnum
 from ...core.errors import ArgumentError
@@ -33,10 +33,6 @@ class NormCast(KsEnum):
 class AddNormOutput(NamedTuple):
     out: torch.Tensor  # rms_norm(x + residual)
     residual: torch.Tensor  # x + residual, the next layer's residual
-
-
-def _needs_grad(*ts: torch.Tensor | None) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)
 
 
 def _param(op: str, name: str, t: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
@@ -80,7 +76,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, *, eps: float 
     gemma = NormCast.parse(cast, what="cast") is NormCast.GEMMA
     if torch.compiler.is_compiling():
         return torch.ops.kernelset.rms_norm(x, weight, eps, offset, gemma, str(backend))[0]
-    if _needs_grad(x, weight):
+    if needs_grad(x, weight):
         return EagerAutograd.apply(_RMS, x, weight, eps, offset, gemma, str(backend))[0]
     return dispatch.select(op, backend, (x, weight), {}).forward(x, weight, eps, offset, gemma, False)[0]
 
@@ -162,7 +158,7 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
         raise ArgumentError(op, "offset", "0.0 when weight is None (offset shifts the weight)", offset)
     gemma = NormCast.parse(cast, what="cast") is NormCast.GEMMA
     if in_place:
-        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, residual, weight)):
+        if needs_grad(x, residual, weight):
             raise ArgumentError(op, "in_place", "False when gradients are needed (in-place is for inference)",
                                 True)
         # data_ptr() is not traceable: under torch.compile only the identity check runs
@@ -178,7 +174,7 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     if torch.compiler.is_compiling():
         y, h, _ = torch.ops.kernelset.fused_add_rms_norm(x, residual, weight, eps, offset, gemma, str(backend))
         return AddNormOutput(y, h)
-    if _needs_grad(x, residual, weight):
+    if needs_grad(x, residual, weight):
         y, h, _ = EagerAutograd.apply(_ADD, x, residual, weight, eps, offset, gemma, str(backend))
         return AddNormOutput(y, h)
     y, h, _ = dispatch.select(op, backend, (x, residual, weight), {}).forward(
@@ -245,7 +241,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.
     eps = checks.positive(op, "eps", eps)
     if torch.compiler.is_compiling():
         return torch.ops.kernelset.layer_norm(x, weight, bias, eps, str(backend))[0]
-    if _needs_grad(x, weight, bias):
+    if needs_grad(x, weight, bias):
         return EagerAutograd.apply(_LN, x, weight, bias, eps, str(backend))[0]
     return dispatch.select(op, backend, (x, weight, bias), {}).forward(x, weight, bias, eps, False)[0]
 

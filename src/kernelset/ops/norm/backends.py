@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import torch
 
-from ...core import config
 from ...core.arch import ArchRange, device_arch
 from ...core.checks import row_stride
 from ...core.enums import Backend
 from ...core.registry import BenchCase, Cost, Impl, OpSpec, Problem, declare_op, register_impl
+from ...core.support import triton_rows
 from . import reference as ref
 
 # ---- problems -------------------------------------------------------------------------------
@@ -130,15 +130,6 @@ LAYER_NORM = declare_op(OpSpec(
 # ---- triton ---------------------------------------------------------------------------------
 
 
-def _triton_supports(p: Problem) -> str | None:
-    if p.device.type != "cuda" and not (p.device.type == "cpu" and config.get().triton_interpret):
-        return (f"Triton kernels need a CUDA tensor (x is on {p.device}); "
-                "set TRITON_INTERPRET=1 to run them on CPU tensors")
-    if not p["rows_ok"]:
-        return "the rows of a tensor do not share one stride with a unit-stride last dim (pass .contiguous())"
-    return None
-
-
 def _cast(t: torch.Tensor | None, like: torch.Tensor | None) -> torch.Tensor | None:
     return None if t is None or like is None else t.to(like.dtype)
 
@@ -177,7 +168,7 @@ def _t_ln_bwd(dy, x, weight, bias, mean, rstd, eps):
     return dx, _cast(dw, weight), _cast(db, bias)
 
 
-_TRITON = dict(backend=Backend.TRITON, supports=_triton_supports, priority=100, arch=ArchRange(min=(7, 0)),
+_TRITON = dict(backend=Backend.TRITON, supports=triton_rows, priority=100, arch=ArchRange(min=(7, 0)),
                requires=("triton",), note="kernelset's own; block kernel per row group, looped kernel for long rows")
 
 register_impl(Impl(op="rms_norm", forward=_t_rms_fwd, backward=_t_rms_bwd, **_TRITON))

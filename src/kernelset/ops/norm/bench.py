@@ -6,13 +6,12 @@ only (it may import peers).
 """
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from ...bench.adapter import BenchAdapter, grads_runner
+from ...bench.adapter import BenchAdapter, compiled, runner
 from .api import fused_add_rms_norm, layer_norm, rms_norm
 from .reference import fused_add_rms_norm_ref, layer_norm_ref, rms_norm_ref
 
@@ -32,17 +31,6 @@ def _hf_add_rms_norm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor):
 
 def _ln(x, w, b):
     return F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
-
-
-@functools.lru_cache(maxsize=None)
-def _compiled(fn):
-    # One compiled function serves every benchmark shape (static shapes, one graph each); raise
-    # dynamo's recompile limit so it never silently falls back to eager after 8 shapes.
-    import torch._dynamo.config as dcfg
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(dcfg, name):
-            setattr(dcfg, name, max(getattr(dcfg, name), 256))
-    return torch.compile(fn, dynamic=False)
 
 
 def _liger(name: str):
@@ -68,15 +56,6 @@ def _inputs(shape, dtype, device, mode, *, params: int, residual: bool = False) 
             "names": outs if not grad else outs + wrt_names}
 
 
-def _runner(fn, inp, mode):
-    if mode == "fwd":
-        def run():
-            out = fn()
-            return out if isinstance(out, tuple) else (out,)
-        return run
-    return grads_runner(fn, inp["wrt"], inp["cot"])
-
-
 def _reference(fn, inp, mode):
     leaves = [t.detach().float().requires_grad_(mode != "fwd") for t in inp["wrt"]] if mode != "fwd" else None
     if mode == "fwd":
@@ -96,19 +75,19 @@ def _reference(fn, inp, mode):
 def _rms_peers(inp, mode):
     x, w = inp["x"], inp["w"]
     peers: dict[str, Any] = {
-        "torch-eager": _runner(lambda: _hf_rms_norm(x, w), inp, mode),
-        "torch.compile": _runner(lambda: _compiled(_hf_rms_norm)(x, w), inp, mode),
-        "F.rms_norm": _runner(lambda: F.rms_norm(x, (x.shape[-1],), w, EPS), inp, mode),
+        "torch-eager": runner(lambda: _hf_rms_norm(x, w), inp, mode),
+        "torch.compile": runner(lambda: compiled(_hf_rms_norm)(x, w), inp, mode),
+        "F.rms_norm": runner(lambda: F.rms_norm(x, (x.shape[-1],), w, EPS), inp, mode),
     }
     liger = _liger("rms_norm")
-    peers["liger"] = liger if isinstance(liger, str) else _runner(
+    peers["liger"] = liger if isinstance(liger, str) else runner(
         lambda: liger.LigerRMSNormFunction.apply(x, w, EPS, 0.0, "llama", False), inp, mode)
     return peers
 
 
 RMS = BenchAdapter(
     inputs=lambda shape, dtype, device, mode: _inputs(shape, dtype, device, mode, params=1),
-    ours=lambda inp, mode, backend: _runner(lambda: rms_norm(inp["x"], inp["w"], eps=EPS, backend=backend), inp, mode),
+    ours=lambda inp, mode, backend: runner(lambda: rms_norm(inp["x"], inp["w"], eps=EPS, backend=backend), inp, mode),
     peers=_rms_peers,
     reference=lambda inp, mode: _reference(lambda x, r, w, b: rms_norm_ref(x, w, EPS, 0.0, False)[0], inp, mode),
     args=lambda inp: (inp["x"], inp["w"]),
@@ -120,14 +99,14 @@ RMS = BenchAdapter(
 def _add_peers(inp, mode):
     x, r, w = inp["x"], inp["r"], inp["w"]
     return {
-        "torch-eager": _runner(lambda: _hf_add_rms_norm(x, r, w), inp, mode),
-        "torch.compile": _runner(lambda: _compiled(_hf_add_rms_norm)(x, r, w), inp, mode),
+        "torch-eager": runner(lambda: _hf_add_rms_norm(x, r, w), inp, mode),
+        "torch.compile": runner(lambda: compiled(_hf_add_rms_norm)(x, r, w), inp, mode),
     }
 
 
 ADD = BenchAdapter(
     inputs=lambda shape, dtype, device, mode: _inputs(shape, dtype, device, mode, params=1, residual=True),
-    ours=lambda inp, mode, backend: _runner(
+    ours=lambda inp, mode, backend: runner(
         lambda: tuple(fused_add_rms_norm(inp["x"], inp["r"], inp["w"], eps=EPS, backend=backend)), inp, mode),
     peers=_add_peers,
     reference=lambda inp, mode: _reference(
@@ -141,18 +120,18 @@ ADD = BenchAdapter(
 def _ln_peers(inp, mode):
     x, w, b = inp["x"], inp["w"], inp["b"]
     peers: dict[str, Any] = {
-        "F.layer_norm": _runner(lambda: _ln(x, w, b), inp, mode),
-        "torch.compile": _runner(lambda: _compiled(_ln)(x, w, b), inp, mode),
+        "F.layer_norm": runner(lambda: _ln(x, w, b), inp, mode),
+        "torch.compile": runner(lambda: compiled(_ln)(x, w, b), inp, mode),
     }
     liger = _liger("layer_norm")
-    peers["liger"] = liger if isinstance(liger, str) else _runner(
+    peers["liger"] = liger if isinstance(liger, str) else runner(
         lambda: liger.LigerLayerNormFunction.apply(x, w, b, 1e-5), inp, mode)
     return peers
 
 
 LN = BenchAdapter(
     inputs=lambda shape, dtype, device, mode: _inputs(shape, dtype, device, mode, params=2),
-    ours=lambda inp, mode, backend: _runner(
+    ours=lambda inp, mode, backend: runner(
         lambda: layer_norm(inp["x"], inp["w"], inp["b"], eps=1e-5, backend=backend), inp, mode),
     peers=_ln_peers,
     reference=lambda inp, mode: _reference(lambda x, r, w, b: layer_norm_ref(x, w, b, 1e-5)[0], inp, mode),

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from ...core import config
 from ...core.arch import ArchRange, device_arch
 from ...core.checks import row_stride
 from ...core.enums import Backend
 from ...core.registry import BenchCase, Cost, Impl, OpSpec, Problem, declare_op, register_impl
+from ...core.support import triton_rows
 from . import reference as ref
 
 
@@ -52,15 +52,6 @@ for _name, _log in (("softmax", False), ("log_softmax", True)):
     ))
 
 
-def _triton_supports(p: Problem) -> str | None:
-    if p.device.type != "cuda" and not (p.device.type == "cpu" and config.get().triton_interpret):
-        return (f"Triton kernels need a CUDA tensor (x is on {p.device}); "
-                "set TRITON_INTERPRET=1 to run them on CPU tensors")
-    if not p["rows_ok"]:
-        return "the rows of x do not share one stride with a unit-stride last dim (pass .contiguous())"
-    return None
-
-
 def _t_fwd(x, temperature, log, out_dtype):
     from .launch import softmax_fwd
     return softmax_fwd(x, temperature, log, out_dtype)
@@ -72,7 +63,7 @@ def _t_bwd(dy, y, temperature, log, x_dtype):
 
 
 for _name in ("softmax", "log_softmax"):
-    register_impl(Impl(op=_name, backend=Backend.TRITON, forward=_t_fwd, backward=_t_bwd, supports=_triton_supports,
+    register_impl(Impl(op=_name, backend=Backend.TRITON, forward=_t_fwd, backward=_t_bwd, supports=triton_rows,
                        priority=100, arch=ArchRange(min=(7, 0)), requires=("triton",),
                        note="kernelset's own; rows in registers, online (max, sum) for long rows"))
     register_impl(Impl(op=_name, backend=Backend.REFERENCE, forward=ref.fwd, backward=ref.bwd,

@@ -2,21 +2,11 @@
 torch.compile of the same expression."""
 from __future__ import annotations
 
-import functools
 
 import torch
 
-from ...bench.adapter import BenchAdapter, grads_runner
+from ...bench.adapter import BenchAdapter, compiled, runner
 from . import api
-
-
-@functools.lru_cache(maxsize=None)
-def _compiled(fn):
-    import torch._dynamo.config as dcfg
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(dcfg, name):
-            setattr(dcfg, name, max(getattr(dcfg, name), 256))
-    return torch.compile(fn, dynamic=False)
 
 
 def _eager_softmax(x):
@@ -34,12 +24,6 @@ def _inputs(shape, dtype, device, mode):
     return {"x": x, "wrt": (x,), "cot": cot, "names": ("y", "dx") if grad else ("y",)}
 
 
-def _runner(fn, inp, mode):
-    if mode == "fwd":
-        return lambda: (fn(),)
-    return grads_runner(fn, inp["wrt"], inp["cot"])
-
-
 def _reference(eager, inp, mode):
     if mode == "fwd":
         return (eager(inp["x"].detach().float()),)
@@ -51,9 +35,9 @@ def _reference(eager, inp, mode):
 def _adapter(public, eager):
     return BenchAdapter(
         inputs=_inputs,
-        ours=lambda inp, mode, backend: _runner(lambda: public(inp["x"], backend=backend), inp, mode),
-        peers=lambda inp, mode: {"torch-eager": _runner(lambda: eager(inp["x"]), inp, mode),
-                                 "torch.compile": _runner(lambda: _compiled(eager)(inp["x"]), inp, mode)},
+        ours=lambda inp, mode, backend: runner(lambda: public(inp["x"], backend=backend), inp, mode),
+        peers=lambda inp, mode: {"torch-eager": runner(lambda: eager(inp["x"]), inp, mode),
+                                 "torch.compile": runner(lambda: compiled(eager)(inp["x"]), inp, mode)},
         reference=lambda inp, mode: _reference(eager, inp, mode),
     )
 

@@ -1,0 +1,30 @@
+"""Shared by the families' ``test_kernels_compile_for_sm90``: run a script that compiles kernels
+for a real NVIDIA target in a child process (the interpreter that conftest turns on cannot
+compile), and check what it reports."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def compile_report(script: str, expected: int) -> list[dict]:
+    """Run ``script`` (it prints one JSON list of {case, local, vec} last) without TRITON_INTERPRET;
+    skip when this Triton has no usable NVIDIA backend; fail on spills or scalar-only access."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+        get_ptxas(90).path
+    except Exception as exc:
+        pytest.skip(f"Triton NVIDIA backend/ptxas not usable here: {exc}")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(results) == expected
+    for r in results:
+        assert not r["local"], f"{r['case']}: local-memory traffic (spills)"
+        assert r["vec"], f"{r['case']}: no vectorized global access"
+    return results
