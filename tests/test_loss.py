@@ -63,7 +63,7 @@ def test_cross_entropy(backend, dtype, case, opt, reduction, device):
     _, shape, how, _ = case
     x = _logits(shape, how, dtype, device).requires_grad_(True)
     t = _targets(shape, device)
-    with launch.use(launch.CETuning(block=128)) if how == "looped" else launch.use(launch._active[-1]):
+    with launch.use(launch.CETuning(block=128)) if how == "looped" else launch.use(launch.active()):
         loss = ks.cross_entropy(x, t, reduction=reduction, backend=backend, **opt[1])
         g = torch.rand_like(loss) + 0.5  # not 1.0: the backward's scaling must run
         loss.backward(g)

@@ -68,7 +68,7 @@ def test_softmax(log, backend, dtype, case, device):
     x = _x(shape, how, dtype, device).requires_grad_(True)
     fn = ks.log_softmax if log else ks.softmax
     temperature = 0.7
-    with launch.use(SMALL) if how == "looped" else launch.use(launch._active[-1]):
+    with launch.use(SMALL) if how == "looped" else launch.use(launch.active()):
         y = fn(x, dim=dim, temperature=temperature, backend=backend)
         dy = torch.randn_like(y)
         y.backward(dy)
@@ -87,7 +87,7 @@ def test_softmax(log, backend, dtype, case, device):
 @pytest.mark.parametrize("how", ["plain", "looped"])
 def test_rows_sum_to_one_in_fp32(backend, how, device):
     x = torch.randn(16, 1000, dtype=torch.bfloat16, device=device) * 5
-    with launch.use(SMALL) if how == "looped" else launch.use(launch._active[-1]):
+    with launch.use(SMALL) if how == "looped" else launch.use(launch.active()):
         p = ks.softmax(x, out_dtype=torch.float32, backend=backend)
         lp = ks.log_softmax(x, out_dtype=torch.float32, backend=backend)
     assert p.dtype == torch.float32 and lp.dtype == torch.float32

@@ -1,14 +1,13 @@
 """Launchers of the cross-entropy kernels."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from typing import Iterator
 
 import torch
 
 from ...core.alloc import empty
 from ...core.checks import row_stride
+from ...core.tuning import TuningStack
 from ..triton_launch import FastKernel
 from .kernels import _ce_fwd_kernel, _ce_scale_kernel
 
@@ -23,16 +22,9 @@ class CETuning:
     scale_block: int = 4096
 
 
-_active = [CETuning()]
-
-
-@contextlib.contextmanager
-def use(t: CETuning) -> Iterator[CETuning]:
-    _active.append(t)
-    try:
-        yield t
-    finally:
-        _active.pop()
+_tuning = TuningStack(CETuning())
+active = _tuning.active
+use = _tuning.use  # tests force several vocabulary chunks on short rows
 
 
 def _scale_tensor(target: torch.Tensor, ignore_index: int, reduction: str) -> torch.Tensor:
@@ -50,7 +42,7 @@ def ce_fwd(logits, target, ignore_index, smoothing, z_loss, softcap, reduction, 
     dx = empty((m, v), logits.dtype, logits.device) if need_grad else None
     scale = _scale_tensor(target, ignore_index, reduction)
     if m:
-        t = _active[-1]
+        t = active()
         block = min(t.block, 1 << max(0, (v - 1).bit_length()))
         _fwd((m,), logits, target, loss, lse, dx, scale, m, v, row_stride(logits), v, ignore_index, smoothing,
              z_loss, softcap or 0.0, SOFTCAP=bool(softcap), HAS_GRAD=need_grad, BLOCK=block,
@@ -65,7 +57,7 @@ def ce_bwd(grad_out: torch.Tensor, dlogits: torch.Tensor, reduction: str) -> tor
     """dlogits *= grad_out in place (rows where it is 1.0 are skipped on the device); returns dlogits."""
     m, v = dlogits.shape
     if m:
-        t = _active[-1]
+        t = active()
         block = min(t.scale_block, 1 << max(0, (v - 1).bit_length()))
         go = grad_out.float() if grad_out.dtype != torch.float32 else grad_out
         _scale((m, -(-v // block)), dlogits, go.contiguous(), v, v, PER_ROW=reduction == "none", BLOCK=block,

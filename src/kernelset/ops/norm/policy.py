@@ -5,12 +5,12 @@ tuning sweep (``scripts/gpu_check.py``), which passes other :class:`NormTuning` 
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-from typing import Iterator
 
 import torch
+
+from ...core.tuning import TuningStack
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,22 +32,9 @@ class NormTuning:
 
 
 DEFAULT_TUNING = NormTuning()
-_active = [DEFAULT_TUNING]
-
-
-def active() -> NormTuning:
-    return _active[-1]
-
-
-@contextlib.contextmanager
-def use(tuning: NormTuning) -> Iterator[NormTuning]:
-    """Launch with other tuning values inside a block (tests force the looped kernels on small
-    rows this way; the GPU sweep compares candidates)."""
-    _active.append(tuning)
-    try:
-        yield tuning
-    finally:
-        _active.pop()
+_tuning = TuningStack(DEFAULT_TUNING)
+active = _tuning.active
+use = _tuning.use  # ``with policy.use(NormTuning(...)):`` launches with other values inside the block
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,15 +1,14 @@
 """Launch policy and launchers of the softmax kernels."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-from typing import Iterator
 
 import torch
 
 from ...core.alloc import empty
 from ...core.checks import row_stride
+from ...core.tuning import TuningStack
 from ..triton_launch import FastKernel
 from .kernels import _softmax_bwd_kernel, _softmax_bwd_looped_kernel, _softmax_fwd_kernel, _softmax_fwd_looped_kernel
 
@@ -27,17 +26,9 @@ class SoftmaxTuning:
     looped_warps: int = 16
 
 
-_active = [SoftmaxTuning()]
-
-
-@contextlib.contextmanager
-def use(t: SoftmaxTuning) -> Iterator[SoftmaxTuning]:
-    """Other launch values inside a block (tests force the looped kernels on short rows)."""
-    _active.append(t)
-    try:
-        yield t
-    finally:
-        _active.pop()
+_tuning = TuningStack(SoftmaxTuning())
+active = _tuning.active
+use = _tuning.use  # tests force the looped kernels on short rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +56,7 @@ def softmax_fwd(x: torch.Tensor, temperature: float, log: bool, out_dtype: torch
     y = empty(x.shape, out_dtype, x.device)
     if m == 0:
         return y
-    t = _active[-1]
+    t = active()
     p = policy(m, n, t.max_block_fwd, t)
     args = (x, y, m, n, row_stride(x), n, 1.0 / temperature)
     if p.looped:
@@ -81,7 +72,7 @@ def softmax_bwd(dy: torch.Tensor, y: torch.Tensor, temperature: float, log: bool
     dx = empty(y.shape, x_dtype, y.device)
     if m == 0:
         return dx
-    t = _active[-1]
+    t = active()
     p = policy(m, n, t.max_block_bwd, t)
     args = (dy, y, dx, m, n, row_stride(dy), row_stride(y), n, 1.0 / temperature)
     if p.looped:
