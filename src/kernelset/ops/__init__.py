@@ -1,4 +1,4 @@
 """Op families. Importing one declares its ops in the registry and registers its implementations."""
-from . import activation, loss, norm, softmax
+from . import activation, embedding, loss, norm, softmax
 
-__all__ = ["activation", "loss", "norm", "softmax"]
+__all__ = ["activation", "embedding", "loss", "norm", "softmax"]

@@ -1,0 +1,39 @@
+"""Launchers of the embedding kernels."""
+from __future__ import annotations
+
+import torch
+
+from ...core.alloc import empty
+from ..triton_launch import FastKernel
+from .kernels import _embedding_bwd_kernel, _embedding_fwd_kernel
+
+_fwd = FastKernel(_embedding_fwd_kernel)
+_bwd = FastKernel(_embedding_bwd_kernel)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def embedding_fwd(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    v, d = weight.shape
+    out = empty((*ids.shape, d), weight.dtype, weight.device)
+    m = ids.numel()
+    if m and d:
+        block_d = min(_pow2(d), 1024)
+        block_m = max(1, min(2048 // block_d, _pow2(m)))
+        _fwd((-(-m // block_m), -(-d // block_d)), ids.reshape(-1), weight, out, m, v, d, weight.stride(0),
+             BLOCK_M=block_m, BLOCK_D=block_d, num_warps=4)
+    return out
+
+
+def embedding_bwd(dy: torch.Tensor, ids: torch.Tensor, num_embeddings: int, weight_dtype: torch.dtype):
+    d = dy.shape[-1]
+    dw = torch.zeros(num_embeddings, d, dtype=weight_dtype, device=dy.device)
+    m = ids.numel()
+    if m and d:
+        sorted_ids, order = torch.sort(ids.reshape(-1).long(), stable=True)
+        block_d = min(_pow2(d), 2048)
+        _bwd((m, -(-d // block_d)), sorted_ids, order, dy.reshape(-1, d).contiguous(), dw, m, d, d,
+             BLOCK_D=block_d, num_warps=4)
+    return dw

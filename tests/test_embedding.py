@@ -1,0 +1,123 @@
+"""embedding: lookup and deterministic backward against torch, edge cases, bad ids."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from aot import compile_report
+
+import kernelset as ks
+from kernelset.core.registry import impls
+from kernelset.core.tolerance import rel_err, tolerance
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+BACKENDS = [str(i.backend) for i in impls("embedding")]
+
+# (id, ids shape, vocab, dim, ids dtype, why)
+CASES = [
+    ("tokens-2d", (4, 9), 100, 64, torch.int64, "[B, S] ids"),
+    ("int32-ids", (17,), 50, 48, torch.int32, "int32 ids (vLLM)"),
+    ("odd-dim", (8,), 30, 1001, torch.int64, "ragged column tile"),
+    ("vocab1", (6,), 1, 16, torch.int64, "every id repeats: one long run in the backward"),
+    ("empty", (0,), 10, 8, torch.int64, "no ids"),
+    ("strided-weight", (12,), 40, 24, torch.int64, "weight rows of a wider table (row stride 40)"),
+]
+
+
+def _weight(v, d, dtype, device, strided):
+    if strided:
+        return torch.randn(v, d + 16, device=device).to(dtype)[:, :d]
+    return torch.randn(v, d, device=device).to(dtype)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
+def test_embedding(backend, dtype, case, device):
+    _, shape, v, d, idt, _ = case
+    w = _weight(v, d, dtype, device, case[0] == "strided-weight").requires_grad_(True)
+    ids = torch.randint(0, v, shape, device=device, dtype=idt)
+    if ids.numel() > 3:
+        ids.view(-1)[:3] = ids.view(-1)[3]  # repeated ids: the backward must sum them
+    y = ks.embedding(ids, w, backend=backend)
+    assert torch.equal(y, w.detach()[ids.long()]), "the lookup is a copy: exact"
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    wr = w.detach().float().requires_grad_()
+    F.embedding(ids.long(), wr).backward(dy.float())
+    assert w.grad.dtype == dtype and w.grad.shape == (v, d)
+    assert rel_err(w.grad, wr.grad) <= tolerance("elementwise", dtype, grad=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backward_is_deterministic(backend, device):
+    w = torch.randn(20, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
+    ids = torch.randint(0, 20, (500,), device=device)
+    dy = torch.randn(500, 64, device=device, dtype=torch.bfloat16)
+    grads = []
+    for _ in range(2):
+        w.grad = None
+        ks.embedding(ids, w, backend=backend).backward(dy)
+        grads.append(w.grad.clone())
+    assert torch.equal(grads[0], grads[1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_out_of_range_ids(backend, device):
+    w = torch.randn(10, 8, device=device)
+    for bad in ([10], [-1], [3, 11]):
+        with pytest.raises(ks.ArgumentError, match=r"'ids' must be in \[0, 10\)"):
+            ks.embedding(torch.tensor(bad, device=device), w, backend=backend)
+
+
+def test_unchecked_out_of_range_id_is_never_read(device):
+    w = torch.randn(10, 8, device=device)
+    y = ks.embedding(torch.tensor([2, 10, 3], device=device), w, check_ids=False, backend="triton")
+    assert y[1].isnan().all() and torch.equal(y[[0, 2]], w[[2, 3]])
+
+
+@pytest.mark.parametrize("ids,weight,match", [
+    (torch.tensor([0.0]), torch.randn(4, 2), "ids"),
+    (torch.tensor([0]), torch.randn(4), "weight"),
+    (torch.tensor([0]), torch.randint(0, 2, (4, 2)), "weight"),
+    (torch.tensor([0]), torch.randn(4, 2, 2), "weight"),
+], ids=["float-ids", "1d-weight", "int-weight", "3d-weight"])
+def test_bad_input(ids, weight, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        ks.embedding(ids, weight)
+
+
+def test_compile_fullgraph_with_backward(device):
+    w = torch.randn(30, 16, device=device, requires_grad=True)
+    ids = torch.randint(0, 30, (5, 4), device=device)
+
+    def f(t):
+        return (ks.embedding(ids, t) * 2).pow(2).sum()
+
+    (ge,) = torch.autograd.grad(f(w), (w,))
+    (gc,) = torch.autograd.grad(torch.compile(f, fullgraph=True, backend="aot_eager")(w), (w,))
+    assert torch.equal(gc, ge)
+
+
+_AOT = r"""
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kernelset.ops.embedding import kernels as K
+out = []
+f_sig = dict(IDS="*i64", W="*bf16", Y="*bf16", M="i32", V="i32", D="i32", stride_w="i32")
+b_sig = dict(SORTED="*i64", ORDER="*i64", DY="*bf16", DW="*bf16", M="i32", D="i32", stride_dw="i32")
+for name, fn, sig, consts, warps in (("fwd", K._embedding_fwd_kernel, f_sig, dict(BLOCK_M=2, BLOCK_D=1024), 4),
+                                     ("bwd", K._embedding_bwd_kernel, b_sig, dict(BLOCK_D=2048), 4)):
+    attrs = {(k,): [["tt.divisibility", 16]] for k, (n, ty) in enumerate(sig.items())
+             if ty.startswith("*") or n in ("D", "stride_w", "stride_dw")}
+    src = ASTSource(fn, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts, attrs=attrs)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps)).asm["ptx"]
+    out.append(dict(case=name, local="ld.local" in ptx or "st.local" in ptx, vec=".v4" in ptx or ".v2" in ptx))
+print(json.dumps(out))
+"""
+
+
+def test_kernels_compile_for_sm90():
+    compile_report(_AOT, 2)
