@@ -224,6 +224,22 @@ ENV_CASES = {
 }
 
 
+def test_backend_map_with_unknown_op_is_an_error():
+    # a typo in the op name would otherwise force nothing, silently
+    proc = _run_with_env(KS_BACKEND="rmsnorm:reference")
+    assert proc.returncode != 0
+    assert "KS_BACKEND names unknown op(s) rmsnorm; declared ops:" in proc.stderr
+
+
+def test_log_dispatch_reports_requested_backends():
+    snippet = "import torch, kernelset as ks; ks.rms_norm(torch.randn(2, 8), backend='reference')"
+    base = {k: v for k, v in os.environ.items() if not k.startswith("KS_")}
+    proc = subprocess.run([sys.executable, "-c", snippet], env={**base, "TRITON_INTERPRET": "1", "KS_LOG_DISPATCH": "1"},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "-> reference (requested)" in proc.stderr
+
+
 @pytest.mark.parametrize("case", ENV_CASES, ids=list(ENV_CASES))
 def test_environment_flags(case):
     env, want, err = ENV_CASES[case]

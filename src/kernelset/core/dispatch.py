@@ -25,8 +25,16 @@ def clear_cache() -> None:
     _cache.clear()
 
 
+def _check_forced_ops() -> None:
+    """KS_BACKEND naming an op that does not exist is a typo that would silently do nothing."""
+    unknown = sorted(set(config.get().backend) - set(_OPS))
+    if unknown:
+        raise ValueError(f"KS_BACKEND names unknown op(s) {', '.join(unknown)}; declared ops: {', '.join(sorted(_OPS))}")
+
+
 def _requested(spec: OpSpec, backend: str | Backend) -> Backend | None:
     """The backend a call names (argument first, then KS_BACKEND), None for AUTO."""
+    _check_forced_ops()
     if backend != AUTO:
         if isinstance(backend, Backend):
             return backend
@@ -69,6 +77,9 @@ def _resolve(spec: OpSpec, requested: Backend | None, problem: Problem, backward
         reason = rejection(impl, problem, backward=backward)
         if reason:
             raise UnsupportedError(spec.name, str(requested), reason)
+        if cfg.log_dispatch:
+            print(f"[kernelset] {problem.describe()}{' backward' if backward else ''} -> {impl.backend}"
+                  " (requested)", file=sys.stderr)
         return impl
     reasons = []
     for impl in candidates:
