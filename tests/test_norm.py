@@ -263,3 +263,17 @@ def test_gradcheck_reference_math(device):
     w = torch.randn(17, dtype=torch.float64, device=device, requires_grad=True)
     assert torch.autograd.gradcheck(lambda a, b: rms_norm_ref(a, b, 1e-6, 0.5, True)[0], (x, w))
     assert torch.autograd.gradcheck(lambda a, b: layer_norm_ref(a, b, None, 1e-5)[0], (x, w))
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+@pytest.mark.parametrize("how", ["plain", "looped"])
+def test_batch_invariance(op, how, device):
+    """A row's result does not depend on the rows batched with it (serving needs this)."""
+    x = torch.randn(37, 1000, dtype=torch.bfloat16, device=device)
+    w = torch.randn(1000, dtype=torch.bfloat16, device=device)
+    fn = (lambda t: ks.rms_norm(t, w)) if op == "rms_norm" else (lambda t: ks.layer_norm(t, w))
+    with _tuning(how):
+        full = fn(x)
+        for i in (0, 5, 36):
+            assert torch.equal(fn(x[i:i + 1]), full[i:i + 1]), f"row {i} differs alone vs in the batch"
+        assert torch.equal(fn(x[3:20]), full[3:20])

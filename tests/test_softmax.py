@@ -156,3 +156,13 @@ def test_kernels_compile_for_sm90():
     """Compile each kernel x LOG for sm_90 at the policy's sizes (child process without the
     interpreter): no spills, 16-byte vector accesses."""
     compile_report(_AOT, 8)
+
+
+@pytest.mark.parametrize("how", ["plain", "looped"])
+def test_batch_invariance(how, device):
+    """A row's probabilities do not depend on the rows batched with it (sampling needs this)."""
+    x = torch.randn(37, 1000, dtype=torch.bfloat16, device=device)
+    with launch.use(SMALL) if how == "looped" else launch.use(launch.active()):
+        full = ks.softmax(x)
+        for i in (0, 5, 36):
+            assert torch.equal(ks.softmax(x[i:i + 1]), full[i:i + 1])

@@ -69,7 +69,9 @@ def fwd_policy(m: int, n: int, sms: int, t: NormTuning) -> NormLaunch:
     if block > t.max_block_fwd:
         chunk = min(t.looped_block, block)
         return NormLaunch(True, chunk, 1, t.looped_warps, m)
-    rows = _clamp(t.fwd_tile // block, 1, min(64, _pow2(m)))
+    # rows per program never depend on m: a row's reduction order is then the same in any batch
+    # (batch invariance); a short batch only leaves some rows of one program masked
+    rows = _clamp(t.fwd_tile // block, 1, 64)
     warps = _clamp(rows * block // (32 * t.fwd_elems_per_thread), 1, 32)
     return NormLaunch(False, block, rows, _pow2(warps), -(-m // rows))
 
@@ -85,7 +87,7 @@ def bwd_policy(m: int, n: int, sms: int, t: NormTuning) -> NormLaunch:
         rows_per_prog = -(-rows_per_prog // t.dwdb_block_m) * t.dwdb_block_m
         groups = -(-m // rows_per_prog)
         return NormLaunch(True, chunk, 1, t.looped_warps, m, (col_tiles, groups), rows_per_prog)
-    rows = _clamp(t.bwd_tile // block, 1, min(32, _pow2(m)))
+    rows = _clamp(t.bwd_tile // block, 1, 32)  # independent of m, as in the forward
     warps = _pow2(_clamp(rows * block // (32 * t.bwd_elems_per_thread), 1, 16))
     per_sm = max(1, t.bwd_threads_per_sm // (32 * warps))
     grid = max(1, min(-(-m // rows), sms * per_sm))

@@ -45,7 +45,7 @@ def policy(m: int, n: int, max_block: int, t: SoftmaxTuning) -> SoftmaxLaunch:
     block = 1 << max(0, (n - 1).bit_length())
     if block > max_block:
         return SoftmaxLaunch(True, min(t.looped_block, block), 1, t.looped_warps, m)
-    rows = max(1, min(t.tile // block, 64, 1 << max(0, (m - 1).bit_length())))
+    rows = max(1, min(t.tile // block, 64))  # independent of m: batch-invariant reduction order
     warps = max(1, min(32, rows * block // (32 * t.elems_per_thread)))
     return SoftmaxLaunch(False, block, rows, 1 << (warps.bit_length() - 1), -(-m // rows))
 
