@@ -1,4 +1,4 @@
 """Op families. Importing one declares its ops in the registry and registers its implementations."""
-from . import activation, embedding, loss, norm, softmax
+from . import activation, embedding, loss, norm, rope, softmax
 
-__all__ = ["activation", "embedding", "loss", "norm", "softmax"]
+__all__ = ["activation", "embedding", "loss", "norm", "rope", "softmax"]
