@@ -1,7 +1,6 @@
 """Launcher of the rotary-embedding kernel."""
 from __future__ import annotations
 
-
 from ..triton_launch import FastKernel
 from .kernels import _rope_fwd_kernel
 
