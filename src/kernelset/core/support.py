@@ -13,9 +13,13 @@ def triton_device(p: Problem, what: str = "x") -> str | None:
             "set TRITON_INTERPRET=1 to run them on CPU tensors")
 
 
-def triton_rows(p: Problem, flag: str = "rows_ok") -> str | None:
-    """Both of the above plus the layout every row kernel needs (the problem's ``flag`` fact)."""
-    reason = triton_device(p)
+_ROWS = "the rows of a tensor do not share one stride with a unit-stride last dim (pass .contiguous())"
+
+
+def triton_rows(p: Problem, flag: str = "rows_ok", what: str = "x", message: str = _ROWS) -> str | None:
+    """The device check plus the layout the kernel needs, a boolean fact of the problem (``flag``);
+    families bind their own flag and message with functools.partial."""
+    reason = triton_device(p, what)
     if reason is None and not p[flag]:
-        return "the rows of a tensor do not share one stride with a unit-stride last dim (pass .contiguous())"
+        return message
     return reason

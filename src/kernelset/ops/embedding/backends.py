@@ -2,12 +2,14 @@
 bwd(dy, ids, num_embeddings, weight_dtype) -> dweight."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ...core.arch import ArchRange, device_arch
 from ...core.enums import Backend
 from ...core.registry import BenchCase, Cost, Impl, OpSpec, Problem, declare_op, register_impl
-from ...core.support import triton_device
+from ...core.support import triton_rows
 from . import reference as ref
 
 
@@ -36,11 +38,8 @@ declare_op(OpSpec(
 ))
 
 
-def _triton_supports(p: Problem) -> str | None:
-    reason = triton_device(p, "weight")
-    if reason is None and not p["unit_stride"]:
-        return "weight's last dim is not unit-stride (pass .contiguous())"
-    return reason
+_triton_supports = functools.partial(triton_rows, flag="unit_stride", what="weight",
+                                     message="weight's last dim is not unit-stride (pass .contiguous())")
 
 
 def _t_fwd(ids, weight):

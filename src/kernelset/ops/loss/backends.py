@@ -5,12 +5,14 @@ fwd(logits, target, ignore_index, label_smoothing, z_loss, softcap, reduction, n
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ...core.arch import ArchRange, device_arch
 from ...core.enums import Backend
 from ...core.registry import BenchCase, Cost, Impl, OpSpec, Problem, declare_op, register_impl
-from ...core.support import triton_device
+from ...core.support import triton_rows
 from . import reference as ref
 
 
@@ -46,11 +48,8 @@ declare_op(OpSpec(
 ))
 
 
-def _triton_supports(p: Problem) -> str | None:
-    reason = triton_device(p, "logits")
-    if reason is None and not p["unit_stride"]:
-        return "logits' last dim is not unit-stride (pass .contiguous())"
-    return reason
+_triton_supports = functools.partial(triton_rows, flag="unit_stride", what="logits",
+                                     message="logits' last dim is not unit-stride (pass .contiguous())")
 
 
 def _t_fwd(*args):

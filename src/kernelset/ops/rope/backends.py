@@ -2,12 +2,14 @@
 fwd(positions, q, k, cos_sin_cache, interleaved, head_size) rotates q and k in place."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ...core.arch import ArchRange, device_arch
 from ...core.enums import Backend
 from ...core.registry import BenchCase, Cost, Impl, OpSpec, Problem, declare_op, register_impl
-from ...core.support import triton_device
+from ...core.support import triton_rows
 from . import reference as ref
 
 
@@ -48,11 +50,9 @@ declare_op(OpSpec(
 ))
 
 
-def _triton_supports(p: Problem) -> str | None:
-    reason = triton_device(p, "q")
-    if reason is None and not p["packed"]:
-        return "q/k heads are not packed with unit-stride features, or the cache is strided (pass .contiguous())"
-    return reason
+_triton_supports = functools.partial(
+    triton_rows, flag="packed", what="q",
+    message="q/k heads are not packed with unit-stride features, or the cache is strided (pass .contiguous())")
 
 
 def _t_fwd(*args):
