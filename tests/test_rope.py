@@ -117,6 +117,91 @@ def test_compile_fullgraph_in_place(device):
     assert torch.equal(q, qe) and torch.equal(got_q, qe * 2) and torch.equal(got_k, ke)
 
 
+def _hf_tables(b, s, rot, interleaved, batched, device):
+    inv = 1.0 / 10000 ** (torch.arange(0, rot, 2, dtype=torch.float32, device=device) / rot)
+    f = torch.outer(torch.arange(s, dtype=torch.float32, device=device) + 3, inv)
+    emb = f.repeat_interleave(2, -1) if interleaved else torch.cat([f, f], -1)
+    cos, sin = emb.cos(), emb.sin()
+    return (cos[None].expand(b, s, rot), sin[None].expand(b, s, rot)) if batched else (cos, sin)
+
+
+def _hf_apply(x, cos, sin, unsqueeze_dim, interleaved):
+    """transformers' apply_rotary_pos_emb on the first rot features, written out independently."""
+    rot = cos.shape[-1]
+    if cos.dim() == 2:
+        cos, sin = cos[None], sin[None]
+    c, s = cos.unsqueeze(unsqueeze_dim).float(), sin.unsqueeze(unsqueeze_dim).float()
+    xr = x[..., :rot].float()
+    if interleaved:
+        rh = torch.stack([-xr[..., 1::2], xr[..., 0::2]], -1).flatten(-2)
+    else:
+        rh = torch.cat([-xr[..., rot // 2:], xr[..., : rot // 2]], -1)
+    return torch.cat([xr * c + rh * s, x[..., rot:].float()], -1)
+
+
+# (id, B, Hq, Hk, S, D, rotary dim, unsqueeze_dim, cos batched, why)
+APPLY_CASES = [
+    ("bhsd", 2, 4, 2, 7, 64, 64, 1, True, "transformers' default layout, per-batch cos/sin"),
+    ("bshd", 2, 4, 2, 7, 64, 64, 2, True, "[B, S, H, D] (unsqueeze_dim=2)"),
+    ("shared-cos", 3, 2, 1, 5, 128, 128, 1, False, "cos/sin [S, R] shared by the batch"),
+    ("partial", 1, 3, 3, 4, 80, 32, 1, True, "rotary_dim < head size: the tail passes through"),
+]
+
+
+@pytest.mark.parametrize("backend", [str(i.backend) for i in impls("apply_rotary")])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("case", APPLY_CASES, ids=lambda c: c[0])
+@pytest.mark.parametrize("interleaved", [False, True], ids=["neox", "gptj"])
+def test_apply_rotary(backend, dtype, case, interleaved, device):
+    _, b, hq, hk, s, d, rot, ud, batched, _ = case
+    cos, sin = _hf_tables(b, s, rot, interleaved, batched, device)
+    shape = (lambda h: (b, h, s, d)) if ud == 1 else (lambda h: (b, s, h, d))
+    q = torch.randn(*shape(hq), device=device).to(dtype).requires_grad_(True)
+    k = torch.randn(*shape(hk), device=device).to(dtype).requires_grad_(True)
+    qo, ko = ks.apply_rotary(q, k, cos, sin, interleaved=interleaved, unsqueeze_dim=ud, backend=backend)
+    gq, gk = torch.randn_like(qo), torch.randn_like(ko)
+    torch.autograd.backward([qo, ko], [gq, gk])
+    qr, kr = q.detach().float().requires_grad_(), k.detach().float().requires_grad_()
+    wq, wk = _hf_apply(qr, cos, sin, ud, interleaved), _hf_apply(kr, cos, sin, ud, interleaved)
+    torch.autograd.backward([wq, wk], [gq.float(), gk.float()])
+    for got, want, what in ((qo, wq, "q"), (ko, wk, "k")):
+        assert got.shape == want.shape and got.dtype == dtype
+        assert rel_err(got, want) <= tolerance("elementwise", dtype), what
+    for got, want, what in ((q.grad, qr.grad, "dq"), (k.grad, kr.grad, "dk")):
+        assert rel_err(got, want) <= tolerance("elementwise", dtype, grad=True), what
+    assert torch.equal(qo[..., rot:], q.detach()[..., rot:])
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(unsqueeze_dim=3), "unsqueeze_dim"),
+    (dict(rotary_dim=32), "rotary_dim"),
+    (dict(cos=torch.randn(6, 63), sin=torch.randn(6, 63)), "rotary_dim"),
+    (dict(cos=torch.randn(5, 64)), "cos"),
+    (dict(k=torch.randn(2, 2, 6, 32)), "k"),
+], ids=["bad-unsqueeze", "rotary-dim-not-cos-width", "odd-rotary-dim", "cos-seq-len", "k-head-size"])
+def test_apply_rotary_bad_input(kwargs, match):
+    args = dict(q=torch.randn(2, 4, 6, 64), k=torch.randn(2, 2, 6, 64), cos=torch.randn(6, 64),
+                sin=torch.randn(6, 64))
+    args.update({k: v for k, v in kwargs.items() if k in args})
+    rest = {k: v for k, v in kwargs.items() if k not in args}
+    with pytest.raises((ValueError, TypeError), match=match):
+        ks.apply_rotary(args["q"], args["k"], args["cos"], args["sin"], **rest)
+
+
+def test_apply_rotary_compiles_with_backward(device):
+    cos, sin = _hf_tables(1, 5, 32, False, False, device)
+    q = torch.randn(1, 2, 5, 32, device=device, requires_grad=True)
+    k = torch.randn(1, 1, 5, 32, device=device, requires_grad=True)
+
+    def f(a, b):
+        qo, ko = ks.apply_rotary(a, b, cos, sin)
+        return (qo * 2).sum() + ko.pow(2).sum()
+
+    ge = torch.autograd.grad(f(q, k), (q, k))
+    gc = torch.autograd.grad(torch.compile(f, fullgraph=True, backend="aot_eager")(q, k), (q, k))
+    assert all(rel_err(a, b) < 1e-6 for a, b in zip(gc, ge))
+
+
 _AOT = r"""
 import json
 import triton
@@ -138,9 +223,20 @@ for d, half, inter, bh in ((128, 64, False, 32), (128, 64, True, 32), (80, 16, F
     # NeoX halves must vectorize
     out.append(dict(case=f"d{d}-r{2 * half}-inter{inter}", local="ld.local" in ptx or "st.local" in ptx,
                     vec=inter or ".v2" in ptx or ".v4" in ptx))
+asig = dict(X="*bf16", Y="*bf16", COS="*fp32", SIN="*fp32", S="i32", H="i32", sxb="i32", sxs="i32", sxh="i32",
+            syb="i32", sys="i32", syh="i32", scb="i32", scs="i32", ssb="i32", sss="i32", sign="fp32")
+for inter in (False, True):
+    consts = dict(HALF=64, INTERLEAVED=inter, BLOCK_H=32, BLOCK_R=64)
+    attrs = {(k,): [["tt.divisibility", 16]] for k, (n, ty) in enumerate(asig.items())
+             if ty.startswith("*") or n.startswith("s") and n not in ("S", "sign")}
+    src = ASTSource(K._rope_apply_kernel, signature={**asig, **{k: "constexpr" for k in consts}}, constexprs=consts,
+                    attrs=attrs)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["ptx"]
+    out.append(dict(case=f"apply-inter{inter}", local="ld.local" in ptx or "st.local" in ptx,
+                    vec=inter or ".v2" in ptx or ".v4" in ptx))
 print(json.dumps(out))
 """
 
 
 def test_kernels_compile_for_sm90():
-    compile_report(_AOT, 3)
+    compile_report(_AOT, 5)

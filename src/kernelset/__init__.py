@@ -15,14 +15,14 @@ from .ops.activation import GeluApprox, gelu, gelu_and_mul, silu_and_mul, swiglu
 from .ops.embedding import embedding
 from .ops.loss import Reduction, cross_entropy
 from .ops.norm import AddNormOutput, NormCast, fused_add_rms_norm, layer_norm, rms_norm
-from .ops.rope import RotaryOutput, rotary_embedding
+from .ops.rope import RotaryOutput, RotatedQK, apply_rotary, rotary_embedding
 from .ops.softmax import log_softmax, softmax
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AUTO", "AddNormOutput", "ArgumentError", "ArgumentTypeError", "Backend", "Explanation", "GeluApprox",
-    "KernelsetError", "NormCast", "Reduction", "RotaryOutput", "UnsupportedError", "__version__", "catalog", "config", "explain",
+    "AUTO", "AddNormOutput", "apply_rotary", "ArgumentError", "ArgumentTypeError", "Backend", "Explanation", "GeluApprox",
+    "KernelsetError", "NormCast", "Reduction", "RotaryOutput", "RotatedQK", "UnsupportedError", "__version__", "catalog", "config", "explain",
     "cross_entropy", "embedding", "fused_add_rms_norm", "gelu", "gelu_and_mul", "layer_norm", "log_softmax", "rms_norm", "rotary_embedding", "silu_and_mul", "softmax",
     "swiglu", "swiglu_oai",
 ]

@@ -6,6 +6,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from ...core import checks, dispatch
+from ...core.autograd import AutogradSpec, EagerAutograd, needs_grad
 from ...core.enums import AUTO, Backend
 from ...core.errors import ArgumentError
 from . import backends  # noqa: F401  (declares the op and registers its implementations)
@@ -75,3 +76,96 @@ def _rope_op(positions: torch.Tensor, q: torch.Tensor, k: Optional[torch.Tensor]
 @_rope_op.register_fake
 def _(positions, q, k, cos_sin_cache, interleaved, head_size, backend):
     return None
+
+
+class RotatedQK(NamedTuple):
+    q: torch.Tensor
+    k: torch.Tensor
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
+                 interleaved: bool = False, rotary_dim: int | None = None, unsqueeze_dim: int = 1,
+                 backend: Backend | str = AUTO) -> RotatedQK:
+    """transformers' ``apply_rotary_pos_emb``: new q, k = x * cos + rotate_half(x) * sin.
+
+    q ``[B, Hq, S, D]`` and k ``[B, Hk, S, D]`` (``unsqueeze_dim=1``, the default) or
+    ``[B, S, H, D]`` (``unsqueeze_dim=2``); cos/sin ``[B, S, R]`` or ``[S, R]`` as transformers'
+    rotary modules return them (halves duplicated; pairs duplicated for ``interleaved``). The first
+    R = cos.shape[-1] features rotate (``rotary_dim``, if given, must equal it); the rest pass through. fp32 math; differentiable in q and k
+    (cos and sin are treated as constants).
+    """
+    op = "apply_rotary"
+    for name, t in (("q", q), ("k", k)):
+        checks.tensor(op, name, t, min_ndim=4)
+        if t.dim() != 4:
+            raise ArgumentError(op, name, "4-D", f"shape {tuple(t.shape)}")
+    checks.same_dtype(op, "k", k, "q", q)
+    if unsqueeze_dim not in (1, 2):
+        raise ArgumentError(op, "unsqueeze_dim", "1 ([B, H, S, D]) or 2 ([B, S, H, D])", unsqueeze_dim)
+    s_dim = 2 if unsqueeze_dim == 1 else 1
+    b, s, d = q.shape[0], q.shape[s_dim], q.shape[-1]
+    checks.tensor(op, "cos", cos, min_ndim=2)
+    r = cos.shape[-1]
+    if rotary_dim is not None and rotary_dim != r:
+        raise ArgumentError(op, "rotary_dim", f"cos.shape[-1] ({r}): transformers' tables are rotary_dim wide",
+                            rotary_dim)
+    for name, t in (("cos", cos), ("sin", sin)):
+        checks.tensor(op, name, t, min_ndim=2)
+        checks.same_device(op, name, t, "q", q)
+        if tuple(t.shape[-2:]) != (s, r) or t.dim() > 3 or (t.dim() == 3 and t.shape[0] not in (1, b)):
+            raise ArgumentError(op, name, f"of shape [S={s}, R={r}] or [B={b}, S, R]", f"shape {tuple(t.shape)}")
+    if r % 2 or r > d or r < 2:
+        raise ArgumentError(op, "rotary_dim", f"even and in [2, {d}]", r)
+    if k.shape[0] != b or k.shape[s_dim] != s or k.shape[-1] != d:
+        raise ArgumentError(op, "k", f"batch {b}, seq {s}, head size {d} like q", f"shape {tuple(k.shape)}")
+    args = (q, k, cos, sin, interleaved, r, unsqueeze_dim)
+    if torch.compiler.is_compiling():
+        return RotatedQK(*torch.ops.kernelset.apply_rotary(*args, str(backend)))
+    if needs_grad(q, k):
+        return RotatedQK(*EagerAutograd.apply(_APPLY, *args, str(backend)))
+    return RotatedQK(*dispatch.select(op, backend, (q, k, cos, sin), {}).forward(*args, 1.0))
+
+
+def _apply_fwd(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
+               rotary_dim: int, unsqueeze_dim: int, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    impl = dispatch.select("apply_rotary", backend, (q, k, cos, sin), {})
+    return impl.forward(q, k, cos, sin, interleaved, rotary_dim, unsqueeze_dim, 1.0)
+
+
+_apply_op = torch.library.custom_op("kernelset::apply_rotary", mutates_args=())(_apply_fwd)
+
+
+@_apply_op.register_fake
+def _(q, k, cos, sin, interleaved, rotary_dim, unsqueeze_dim, backend):
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+def _apply_bwd(dq: torch.Tensor, dk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
+               rotary_dim: int, unsqueeze_dim: int, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    impl = dispatch.select("apply_rotary", backend, (dq, dk, cos, sin), {}, backward=True)
+    return impl.backward(dq, dk, cos, sin, interleaved, rotary_dim, unsqueeze_dim, -1.0)
+
+
+_apply_bwd_op = torch.library.custom_op("kernelset::apply_rotary_backward", mutates_args=())(_apply_bwd)
+
+
+@_apply_bwd_op.register_fake
+def _(dq, dk, cos, sin, interleaved, rotary_dim, unsqueeze_dim, backend):
+    return torch.empty_like(dq), torch.empty_like(dk)
+
+
+def _apply_setup(ctx, inputs, output):
+    q, k, cos, sin, interleaved, rotary_dim, unsqueeze_dim, backend = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.opts = (interleaved, rotary_dim, unsqueeze_dim, backend)
+
+
+def _apply_backward(ctx, dq, dk):
+    cos, sin = ctx.saved_tensors
+    bwd = _apply_bwd if getattr(ctx, "eager", False) else torch.ops.kernelset.apply_rotary_backward
+    gq, gk = bwd(dq.contiguous(), dk.contiguous(), cos, sin, *ctx.opts)
+    return gq, gk, None, None, None, None, None, None
+
+
+_apply_op.register_autograd(_apply_backward, setup_context=_apply_setup)
+_APPLY = AutogradSpec(_apply_fwd, _apply_setup, _apply_backward)

@@ -65,3 +65,57 @@ register_impl(Impl(op="rotary_embedding", backend=Backend.TRITON, forward=_t_fwd
                    note="one program per (token, head block); cos/sin read once per token"))
 register_impl(Impl(op="rotary_embedding", backend=Backend.REFERENCE, forward=ref.fwd, backward=None,
                    supports=lambda p: None, priority=0, note="fp32 math in plain torch ops; any device"))
+
+
+def _unit(*ts) -> bool:
+    return all(t is None or t.stride(-1) == 1 or t.shape[-1] <= 1 for t in ts)
+
+
+def _apply_key(q, k, cos, sin):
+    return (q.device, q.dtype, q.shape[-1], cos.dtype, cos.shape[-1], _unit(q, k, cos, sin))
+
+
+def _apply_problem(q, k, cos, sin):
+    return Problem("apply_rotary", q.device, q.dtype, tuple(q.shape), device_arch(q.device),
+                   {"rotary_dim": cos.shape[-1], "unit_stride": _unit(q, k, cos, sin)})
+
+
+def _apply_cost(shape, dtype, mode):
+    b, hq, hk, s, d = shape
+    e = torch.empty((), dtype=dtype).element_size()
+    passes = 2 if mode == "fwd" else 4
+    return Cost(passes * b * s * (hq + hk) * d * e, 0, "read q, k, write q', k'" + ("; read dq', dk', write dq, dk"
+                                                                                  if mode != "fwd" else ""))
+
+
+declare_op(OpSpec(
+    name="apply_rotary", family="rope",
+    signature="apply_rotary(q, k, cos, sin, *, interleaved=False, rotary_dim=None, unsqueeze_dim=1, "
+              "backend='auto') -> (q, k)",
+    doc="transformers' apply_rotary_pos_emb: x * cos + rotate_half(x) * sin on the first rotary_dim features",
+    reference=lambda q, k, cos, sin: (ref.apply(q, cos, sin, False, cos.shape[-1], 1),
+                                      ref.apply(k, cos, sin, False, cos.shape[-1], 1)),
+    tolerance="elementwise", key=_apply_key, problem=_apply_problem, cost=_apply_cost,
+    bench=(BenchCase((4, 32, 8, 4096, 128), "fwd"), BenchCase((4, 32, 8, 4096, 128), "fwd+bwd", bar_pct=85.0)),
+    c_abi=True,
+))
+
+_apply_supports = functools.partial(triton_rows, flag="unit_stride", what="q",
+                                    message="q, k, cos or sin has a strided last dim (pass .contiguous())")
+
+
+def _t_apply(q, k, cos, sin, interleaved, rotary_dim, unsqueeze_dim, sign):
+    from .launch import rope_apply
+    return tuple(rope_apply(x, cos, sin, interleaved, rotary_dim, unsqueeze_dim, sign) for x in (q, k))
+
+
+def _r_apply(q, k, cos, sin, interleaved, rotary_dim, unsqueeze_dim, sign):
+    return tuple(ref.apply(x, cos, sin, interleaved, rotary_dim, unsqueeze_dim, sign) for x in (q, k))
+
+
+# forward and backward are the same rotation, the backward with sign = -1
+register_impl(Impl(op="apply_rotary", backend=Backend.TRITON, forward=_t_apply, backward=_t_apply,
+                   supports=_apply_supports, priority=100, arch=ArchRange(min=(7, 0)), requires=("triton",),
+                   note="any [B, S, H, D] strides; cos/sin read once per token"))
+register_impl(Impl(op="apply_rotary", backend=Backend.REFERENCE, forward=_r_apply, backward=_r_apply,
+                   supports=lambda p: None, priority=0, note="fp32 math in plain torch ops; any device"))

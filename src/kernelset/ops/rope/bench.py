@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ...bench.adapter import BenchAdapter, compiled
+from ...bench.adapter import BenchAdapter, compiled, runner
 from . import api
 from . import reference as ref
 
@@ -49,3 +49,47 @@ ADAPTERS = {"rotary_embedding": BenchAdapter(
     reference=_reference,
     args=lambda inp: (inp["pos"], inp["q"], inp["k"], inp["cache"], inp["q"].shape[-1]),
 )}
+
+
+def _hf_apply(q, k, cos, sin):
+    def rot(x):
+        half = x.shape[-1] // 2
+        return torch.cat([-x[..., half:], x[..., :half]], -1)
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+    return q * c + rot(q) * s, k * c + rot(k) * s
+
+
+def _apply_inputs(shape, dtype, device, mode):
+    if len(shape) == 2:  # (tokens, anything) from ksctl verify/explain: one short sequence
+        shape = (1, 4, 2, shape[0], 64)
+    b, hq, hk, s, d = shape
+    inv = 1.0 / 10000 ** (torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
+    f = torch.outer(torch.arange(s, device=device, dtype=torch.float32), inv)
+    emb = torch.cat([f, f], -1)
+    grad = mode != "fwd"
+    q = torch.randn(b, hq, s, d, dtype=dtype, device=device, requires_grad=grad)
+    k = torch.randn(b, hk, s, d, dtype=dtype, device=device, requires_grad=grad)
+    cos, sin = emb.cos()[None].expand(b, s, d).to(dtype), emb.sin()[None].expand(b, s, d).to(dtype)
+    cot = (torch.randn_like(q), torch.randn_like(k)) if grad else ()
+    return {"q": q, "k": k, "cos": cos, "sin": sin, "wrt": (q, k), "cot": cot,
+            "names": ("q", "k") if not grad else ("q", "k", "dq", "dk")}
+
+
+def _apply_reference(inp, mode):
+    leaves = [t.detach().float().requires_grad_(mode != "fwd") for t in (inp["q"], inp["k"])]
+    outs = _hf_apply(*leaves, inp["cos"].float(), inp["sin"].float())
+    if mode == "fwd":
+        return tuple(o.detach() for o in outs)
+    return tuple(o.detach() for o in outs) + torch.autograd.grad(outs, leaves, [c.float() for c in inp["cot"]])
+
+
+ADAPTERS["apply_rotary"] = BenchAdapter(
+    inputs=_apply_inputs,
+    ours=lambda inp, mode, backend: runner(lambda: tuple(api.apply_rotary(inp["q"], inp["k"], inp["cos"], inp["sin"],
+                                                                          backend=backend)), inp, mode),
+    peers=lambda inp, mode: {
+        "torch-eager": runner(lambda: _hf_apply(inp["q"], inp["k"], inp["cos"], inp["sin"]), inp, mode),
+        "torch.compile": runner(lambda: compiled(_hf_apply)(inp["q"], inp["k"], inp["cos"], inp["sin"]), inp, mode)},
+    reference=_apply_reference,
+    args=lambda inp: (inp["q"], inp["k"], inp["cos"], inp["sin"]),
+)

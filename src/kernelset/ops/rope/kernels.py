@@ -35,3 +35,34 @@ def _rope_fwd_kernel(POS, X, CACHE, H, max_pos, stride_t, stride_c, D: tl.conste
     b = tl.load(pb, mask=mask, other=0.0).to(tl.float32)
     tl.store(pa, (a * cos[None, :] - b * sin[None, :]).to(X.dtype.element_ty), mask=mask)
     tl.store(pb, (b * cos[None, :] + a * sin[None, :]).to(X.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rope_apply_kernel(X, Y, COS, SIN, S, H, sxb, sxs, sxh, syb, sys, syh, scb, scs, ssb, sss, sign,
+                       HALF: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr,
+                       BLOCK_R: tl.constexpr):
+    # Out of place, any [B, S, H, D] strides (HF's [B, H, S, D] is a permutation of it); cos/sin
+    # rows in transformers' format (halves duplicated, or pairs for GPT-J), read once per token.
+    # sign = -1 rotates backwards: the gradient of a rotation is the inverse rotation.
+    tok = tl.program_id(0).to(tl.int64)
+    b = tok // S
+    s = tok % S
+    heads = (tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)
+    i = tl.arange(0, BLOCK_R)
+    imask = i < HALF
+    ci = 2 * i if INTERLEAVED else i
+    cos = tl.load(COS + b * scb + s * scs + ci, mask=imask, other=1.0).to(tl.float32)
+    sin = tl.load(SIN + b * ssb + s * sss + ci, mask=imask, other=0.0).to(tl.float32) * sign
+    mask = (heads < H)[:, None] & imask[None, :]
+    xb = X + b * sxb + s * sxs + heads[:, None] * sxh
+    yb = Y + b * syb + s * sys + heads[:, None] * syh
+    if INTERLEAVED:
+        ia = 2 * i[None, :]
+        ib = ia + 1
+    else:
+        ia = i[None, :]
+        ib = ia + HALF
+    a = tl.load(xb + ia, mask=mask, other=0.0).to(tl.float32)
+    bb = tl.load(xb + ib, mask=mask, other=0.0).to(tl.float32)
+    tl.store(yb + ia, (a * cos[None, :] - bb * sin[None, :]).to(Y.dtype.element_ty), mask=mask)
+    tl.store(yb + ib, (bb * cos[None, :] + a * sin[None, :]).to(Y.dtype.element_ty), mask=mask)

@@ -29,3 +29,16 @@ def fwd(positions, q, k, cache, interleaved, head_size):
             continue
         xv = x.view(x.shape[0], -1, head_size)
         xv[..., :r] = rotate(xv[..., :r], cos, sin, interleaved).to(x.dtype)
+
+
+def apply(x, cos, sin, interleaved, rotary_dim, unsqueeze_dim, sign=1.0):
+    """transformers' apply_rotary_pos_emb on one tensor, fp32 math, out of place; ``sign=-1``
+    rotates backwards (the gradient)."""
+    c = cos.unsqueeze(unsqueeze_dim - 1 if cos.dim() == 2 else unsqueeze_dim).float()
+    s = sin.unsqueeze(unsqueeze_dim - 1 if sin.dim() == 2 else unsqueeze_dim).float() * sign
+    xr, xp = x[..., :rotary_dim].float(), x[..., rotary_dim:]
+    if interleaved:
+        rh = torch.stack([-xr[..., 1::2], xr[..., 0::2]], dim=-1).flatten(-2)
+    else:
+        rh = torch.cat([-xr[..., rotary_dim // 2:], xr[..., : rotary_dim // 2]], -1)
+    return torch.cat([(xr * c + rh * s).to(x.dtype), xp], -1)
