@@ -179,7 +179,8 @@ def cmd_plan(args) -> int:
     _use_interpreter_if_no_gpu()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     import kernelset as ks
-    print(f"dispatch plan on {device}:")
+    where = "" if device.type == "cuda" else " (no GPU: Triton runs in its interpreter, for checking only)"
+    print(f"dispatch plan on {device}{where}:")
     for entry in ks.catalog():
         shape = entry.spec.bench[0].shape if entry.spec.bench else (4, 64)
         small = (min(shape[0], 8), shape[-1])
