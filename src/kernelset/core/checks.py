@@ -77,3 +77,9 @@ def row_stride(t: torch.Tensor) -> int | None:
         else:
             expect = st * size
     return n if stride is None else stride
+
+
+def row_strided(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when its rows share one stride (what the row kernels take), else a contiguous
+    copy. For gradients autograd hands over, which may be expanded (stride 0) or permuted."""
+    return t if t.is_contiguous() or row_stride(t) is not None else t.contiguous()

@@ -109,8 +109,7 @@ def _(x, up, kind, layout, alpha, limit, op, backend):
 
 def _act_bwd(dy: torch.Tensor, x: torch.Tensor, up: Optional[torch.Tensor], kind: str, layout: str, op: str,
              backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    if not (dy.is_contiguous() or checks.row_stride(dy) is not None):
-        dy = dy.contiguous()
+    dy = checks.row_strided(dy)
     dx, du = dispatch.select(op, backend, (x, up), {}, backward=True).backward(dy, x, up, kind, layout)
     return dx, (du if du is not None else x.new_empty(0))
 

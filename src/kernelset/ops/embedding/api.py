@@ -30,7 +30,7 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor, *, check_ids: bool = True
     compiling = torch.compiler.is_compiling()
     capturing = weight.is_cuda and torch.cuda.is_current_stream_capturing()
     if check_ids and not compiling and not capturing and ids.numel():
-        lo, hi = int(ids.min()), int(ids.max())
+        lo, hi = torch.stack(torch.aminmax(ids)).tolist()  # one host sync for both bounds
         if lo < 0 or hi >= weight.shape[0]:
             raise ArgumentError(op, "ids", f"in [0, {weight.shape[0]}) (num_embeddings)", f"ids from {lo} to {hi}")
     if compiling:

@@ -27,11 +27,12 @@ active = _tuning.active
 use = _tuning.use  # tests force several vocabulary chunks on short rows
 
 
-def _scale_tensor(target: torch.Tensor, ignore_index: int, reduction: str) -> torch.Tensor:
-    # 1 / (rows not ignored), at least 1, computed on the device: no host sync
+def _scale_tensor(target: torch.Tensor, ignore_index: int, reduction: str, need_grad: bool) -> torch.Tensor | None:
+    """The gradient's scale, on the device (no host sync): 1 / max(1, rows not ignored) for mean,
+    1 for sum/none when a gradient is written, and nothing otherwise."""
     if reduction == "mean":
         return 1.0 / (target != ignore_index).sum().clamp(min=1).to(torch.float32)
-    return torch.ones((), dtype=torch.float32, device=target.device)
+    return torch.ones((), dtype=torch.float32, device=target.device) if need_grad else None
 
 
 def ce_fwd(logits, target, ignore_index, smoothing, z_loss, softcap, reduction, need_grad):
@@ -40,7 +41,7 @@ def ce_fwd(logits, target, ignore_index, smoothing, z_loss, softcap, reduction, 
     loss = empty((m,), torch.float32, logits.device)
     lse = empty((m,), torch.float32, logits.device)
     dx = empty((m, v), logits.dtype, logits.device) if need_grad else None
-    scale = _scale_tensor(target, ignore_index, reduction)
+    scale = _scale_tensor(target, ignore_index, reduction, need_grad)
     if m:
         t = active()
         block = min(t.block, 1 << max(0, (v - 1).bit_length()))

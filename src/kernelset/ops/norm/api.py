@@ -17,7 +17,6 @@ import torch
 
 from ...core import checks, dispatch
 from ...core.autograd import AutogradSpec, EagerAutograd, needs_grad
-from ...core.checks import row_stride
 from ...core.enums import AUTO, Backend, KsEnum
 from ...core.errors import ArgumentError
 from . import backends  # noqa: F401  (declares the ops and registers their implementations)
@@ -48,11 +47,6 @@ def _check_x(op: str, x: torch.Tensor) -> None:
     checks.tensor(op, "x", x)
     if x.shape[-1] == 0:
         raise ArgumentError(op, "x", "of hidden size (last dim) >= 1", f"shape {tuple(x.shape)}")
-
-
-def _bwd_ready(t: torch.Tensor) -> torch.Tensor:
-    # Autograd may hand over expanded or oddly strided gradients; kernels need row-strided ones.
-    return t if t.is_contiguous() or row_stride(t) is not None else t.contiguous()
 
 
 # ---- rms_norm -------------------------------------------------------------------------------
@@ -101,8 +95,8 @@ def _rms_bwd(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], 
     # the fused op's problem key takes (x, residual, weight): h stands in for both
     args = (x, weight) if op == "rms_norm" else (x, x, weight)
     impl = dispatch.select(op, backend, args, {}, backward=True)
-    dx, dw = impl.backward(_bwd_ready(dy), x, weight, rstd, eps, offset, gemma_cast,
-                           None if dres is None else _bwd_ready(dres))
+    dx, dw = impl.backward(checks.row_strided(dy), x, weight, rstd, eps, offset, gemma_cast,
+                           None if dres is None else checks.row_strided(dres))
     return dx, (dw if dw is not None else x.new_empty(0))
 
 
@@ -265,7 +259,7 @@ def _ln_bwd(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], b
             mean: torch.Tensor, rstd: torch.Tensor, eps: float,
             backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     impl = dispatch.select("layer_norm", backend, (x, weight, bias), {}, backward=True)
-    dx, dw, db = impl.backward(_bwd_ready(dy), x, weight, bias, mean, rstd, eps)
+    dx, dw, db = impl.backward(checks.row_strided(dy), x, weight, bias, mean, rstd, eps)
     empty = x.new_empty(0)
     return dx, (dw if dw is not None else empty), (db if db is not None else empty.clone())
 

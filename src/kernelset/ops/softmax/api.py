@@ -67,8 +67,7 @@ def _(x, temperature, log, out_dtype, op, backend):
 
 def _bwd(dy: torch.Tensor, y: torch.Tensor, temperature: float, log: bool, x_dtype: torch.dtype, op: str,
          backend: str) -> torch.Tensor:
-    if not (dy.is_contiguous() or checks.row_stride(dy) is not None):
-        dy = dy.contiguous()
+    dy = checks.row_strided(dy)
     return dispatch.select(op, backend, (y,), {}, backward=True).backward(dy, y, temperature, log, x_dtype)
 
 
