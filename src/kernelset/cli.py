@@ -205,28 +205,41 @@ def cmd_bench(args) -> int:
     print(f"copy {ceilings['copy_gbs']:.0f} GB/s, bf16 matmul {ceilings['matmul_tflops']:.0f} TFLOP/s",
           file=sys.stderr)
     cases = harness.select_cases(args.ops, sweep=not args.no_sweep)
-    results = []
+    results: list = []
+    extra: dict = {}
+    skipped = []
     t0 = time.time()
+
+    def save() -> None:  # after every case, so a run cut short still leaves its results
+        if args.json:
+            with open(args.json, "w") as f:
+                f.write(harness.to_json(env, ceilings, results, extra | ({"skipped": skipped} if skipped else {})))
+
+    print(report.HEADER, flush=True)
     for i, (spec, case) in enumerate(cases, 1):
-        print(f"[{i}/{len(cases)}] {spec.name} {'x'.join(map(str, case.shape))} {case.mode} "
-              f"({time.time() - t0:.0f}s)", file=sys.stderr, flush=True)
+        label = f"{spec.name} {'x'.join(map(str, case.shape))} {case.mode}"
+        if args.budget and time.time() - t0 > args.budget:
+            skipped.append(label)
+            continue
+        print(f"[{i}/{len(cases)}] {label} ({time.time() - t0:.0f}s)", file=sys.stderr, flush=True)
         results.append(harness.run_case(spec, case, device, ceilings["copy_gbs"], backend=args.backend,
                                         peers=not args.no_peers))
-    extra = {}
-    if not args.ops or "rms_norm" in args.ops:
+        print("\n".join(report.case_rows(results[-1])), flush=True)
+        save()
+    if (not args.ops or "rms_norm" in args.ops) and not skipped:
         from kernelset.ops.norm.bench import host_overhead
         extra["rms_norm_1x4096"] = host_overhead(device)
+    print()
     print(report.table(results, ceilings))
     for k, v in extra.items():
         print(f"{k}: " + ", ".join(f"{n} {x:.2f}" for n, x in v.items()))
-    line = report.summary_line(results)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(harness.to_json(env, ceilings, results, extra))
+    if skipped:
+        print(f"not run (past --budget {args.budget:.0f}s): " + "; ".join(skipped))
+    save()
     if args.png:
         report.plot(results, args.png, env)
-    print(line)
-    return 0 if all(c.ours() and c.ours().correct for c in results) else 1
+    print(report.summary_line(results))
+    return 0 if all(c.ours() and c.ours().correct for c in results) and not skipped else 1
 
 
 def cmd_run(args) -> int:
@@ -270,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--backend", default="auto")
         s.add_argument("--json", default=None, help="write results as JSON here")
         s.add_argument("--png", default=None, help="write the %%-of-copy plot here")
+        s.add_argument("--budget", type=float, default=0.0,
+                       help="seconds: start no new case after this long (the rest are listed as not run)")
         s.set_defaults(fn=fn)
     args = p.parse_args(argv)
     try:

@@ -14,6 +14,7 @@ import json
 import math
 import platform
 import sys
+import time
 from typing import Any, Iterable
 
 import torch
@@ -97,6 +98,7 @@ def run_case(spec: registry.OpSpec, case: registry.BenchCase, device: torch.devi
         runners.update(adapter.peers(inputs, case.mode))
     results = []
     for name, run in runners.items():
+        t0 = time.time()
         m = Measurement(name)
         if isinstance(run, str):
             m.note = run
@@ -115,6 +117,7 @@ def run_case(spec: registry.OpSpec, case: registry.BenchCase, device: torch.devi
             m.note = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
         results.append(m)
         torch.cuda.empty_cache()
+        print(f"    {name}: {time.time() - t0:.1f}s", file=sys.stderr, flush=True)
     del inputs, refs
     torch.cuda.empty_cache()
     return CaseResult(spec.name, case.shape, case.mode, str(case.dtype).replace("torch.", ""), cost.bytes,

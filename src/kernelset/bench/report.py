@@ -10,26 +10,35 @@ def _fmt(v: float | None, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
+HEADER = f"{'op':<20} {'shape':<13} {'mode':<8} {'impl':<16} {'ms':>8} {'GB/s':>7} {'%copy':>6} {'vs best':>8}  note"
+
+
+def case_rows(c: CaseResult) -> list[str]:
+    """The table rows of one case: one per implementation."""
+    shape = "x".join(map(str, c.shape))
+    peer = c.best_peer()
+    lines = []
+    for r in c.results:
+        vs = ""
+        if r.impl == OURS and c.speedup():
+            vs = f"{c.speedup():.2f}x"
+        elif peer is not None and r is peer:
+            vs = "best"
+        note = r.note if r.note else ""
+        if r.impl == OURS and c.bar_pct is not None:
+            note = (f"bar {c.bar_pct:.0f}% " + ("met" if c.bar_met() else "NOT met") + (f"; {note}" if note else ""))
+        if not r.correct and r.ms is None and not note:
+            note = "not run"
+        lines.append(f"{c.op:<20} {shape:<13} {c.mode:<8} {r.impl:<16} {_fmt(r.ms, '8.3f')} "
+                     f"{_fmt(r.gbs, '7.0f')} {_fmt(r.pct, '6.1f')} {vs:>8}  {note}")
+    return lines
+
+
 def table(cases: list[CaseResult], ceilings: dict[str, float]) -> str:
     lines = [f"ceilings: copy {ceilings['copy_gbs']:.0f} GB/s, bf16 matmul {ceilings['matmul_tflops']:.0f} TFLOP/s"]
-    head = f"{'op':<20} {'shape':<13} {'mode':<8} {'impl':<16} {'ms':>8} {'GB/s':>7} {'%copy':>6} {'vs best':>8}  note"
-    lines += [head, "-" * len(head)]
+    lines += [HEADER, "-" * len(HEADER)]
     for c in cases:
-        shape = "x".join(map(str, c.shape))
-        peer = c.best_peer()
-        for r in c.results:
-            vs = ""
-            if r.impl == OURS and c.speedup():
-                vs = f"{c.speedup():.2f}x"
-            elif peer is not None and r is peer:
-                vs = "best"
-            note = r.note if r.note else ""
-            if r.impl == OURS and c.bar_pct is not None:
-                note = (f"bar {c.bar_pct:.0f}% " + ("met" if c.bar_met() else "NOT met") + (f"; {note}" if note else ""))
-            if not r.correct and r.ms is None and not note:
-                note = "not run"
-            lines.append(f"{c.op:<20} {shape:<13} {c.mode:<8} {r.impl:<16} {_fmt(r.ms, '8.3f')} "
-                         f"{_fmt(r.gbs, '7.0f')} {_fmt(r.pct, '6.1f')} {vs:>8}  {note}")
+        lines += case_rows(c)
     return "\n".join(lines)
 
 

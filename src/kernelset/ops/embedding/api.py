@@ -28,7 +28,7 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor, *, check_ids: bool = True
         raise ArgumentError(op, "weight", "2-D [num_embeddings, dim]", f"shape {tuple(weight.shape)}")
     checks.same_device(op, "ids", ids, "weight", weight)
     compiling = torch.compiler.is_compiling()
-    capturing = weight.is_cuda and torch.cuda.is_current_stream_capturing()
+    capturing = not compiling and weight.is_cuda and torch.cuda.is_current_stream_capturing()
     if check_ids and not compiling and not capturing and ids.numel():
         lo, hi = torch.stack(torch.aminmax(ids)).tolist()  # one host sync for both bounds
         if lo < 0 or hi >= weight.shape[0]:
