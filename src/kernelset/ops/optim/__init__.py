@@ -1,0 +1,4 @@
+"""Optimizer family: multi-tensor AdamW (a drop-in torch.optim.AdamW) and clip_grad_norm_."""
+from .api import AdamW, clip_grad_norm_
+
+__all__ = ["AdamW", "clip_grad_norm_"]

@@ -1,0 +1,307 @@
+"""``ks.optim.AdamW`` (a drop-in torch.optim.Optimizer) and ``ks.clip_grad_norm_``, with their
+custom ops (``kernelset::adamw_``, ``kernelset::clip_grad_norm_``) for torch.compile.
+
+Eager calls go straight to the dispatcher; under torch.compile the same code runs inside the
+custom ops, which declare the tensors they mutate.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import types
+import warnings
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+
+from ...core import dispatch
+from ...core.checks import FLOAT_DTYPES
+from ...core.enums import AUTO, Backend
+from ...core.errors import ArgumentError, ArgumentTypeError
+from . import backends  # noqa: F401  (declares the ops and registers their implementations)
+
+_OP = "adamw"
+_STATES = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "master_param")
+
+
+def _adamw_run(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
+               exp_avg_sqs: list[torch.Tensor], max_exp_avg_sqs: list[torch.Tensor], masters: list[torch.Tensor],
+               steps: list[torch.Tensor], lr: float, lr_tensor: Optional[torch.Tensor], beta1: float, beta2: float,
+               eps: float, weight_decay: float, amsgrad: bool, maximize: bool, grad_scale: Optional[torch.Tensor],
+               found_inf: Optional[torch.Tensor], backend: str) -> None:
+    impl = dispatch.select(_OP, backend, (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters), {})
+    impl.forward(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, lr, lr_tensor, beta1, beta2,
+                 eps, weight_decay, amsgrad, maximize, grad_scale, found_inf)
+
+
+_adamw_op = torch.library.custom_op(
+    "kernelset::adamw_",
+    mutates_args=("params", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs", "masters", "steps"))(_adamw_run)
+
+
+@_adamw_op.register_fake
+def _(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, lr, lr_tensor, beta1, beta2, eps,
+      weight_decay, amsgrad, maximize, grad_scale, found_inf, backend):
+    return None
+
+
+def _check_param(p: object, where: str) -> None:
+    if not isinstance(p, torch.Tensor):
+        raise ArgumentTypeError("AdamW", "params", "an iterable of torch.Tensor", f"{type(p).__name__} in {where}")
+    if p.dtype not in FLOAT_DTYPES:
+        raise ArgumentTypeError("AdamW", "params", "tensors of dtype float32, float16 or bfloat16 "
+                                "(complex and float64 parameters are not supported)", f"{p.dtype} in {where}")
+
+
+def _nonneg(name: str, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < math.inf:
+        raise ArgumentError("AdamW", name, "a finite number >= 0", repr(value))
+
+
+class AdamW(torch.optim.Optimizer):
+    """AdamW with decoupled weight decay, multi-tensor: a drop-in torch.optim.AdamW.
+
+    Same hyper-parameters, same ``param_groups`` keys and per-parameter state (``step`` a float32
+    scalar tensor on the parameter's device, ``exp_avg``, ``exp_avg_sq``, ``max_exp_avg_sq`` with
+    ``amsgrad``), so state dicts move both ways. States are float32 whatever the parameter dtype
+    (fp32, fp16, bf16); math is fp32, params rounded once per step. ``master_weights=True`` keeps
+    an fp32 copy of each fp16/bf16 parameter in ``state["master_param"]``: the update runs on it
+    and the parameter becomes its rounding. GradScaler-aware (``_step_supports_amp_scaling``):
+    ``step(grad_scale=, found_inf=)`` (or GradScaler's attributes) unscale the grads in the
+    kernel and skip the step on the device when found_inf != 0. No host synchronization per step.
+
+    ``foreach``, ``fused`` and ``capturable`` are accepted for compatibility (the update is always
+    fused, multi-tensor and capturable); ``differentiable=True`` and complex/float64 parameters
+    are refused. ``backend`` picks the implementation (``KS_BACKEND=adamw:reference`` too).
+    """
+
+    _step_supports_amp_scaling = True
+
+    def __init__(self, params: Iterable[Any], lr: float | torch.Tensor = 1e-3,
+                 betas: tuple[float | torch.Tensor, float | torch.Tensor] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False,
+                 foreach: bool | None = None, capturable: bool = False, differentiable: bool = False,
+                 fused: bool | None = None, master_weights: bool = False, backend: Backend | str = AUTO) -> None:
+        if isinstance(lr, torch.Tensor):
+            if lr.numel() != 1:
+                raise ArgumentError("AdamW", "lr", "a float or a 1-element tensor",
+                                    f"a tensor of shape {tuple(lr.shape)}")
+            if not lr.is_floating_point():
+                raise ArgumentTypeError("AdamW", "lr", "a floating-point tensor", str(lr.dtype))
+            if lr.dim() != 0:
+                lr = lr.reshape(())
+        else:
+            _nonneg("lr", lr)
+        _nonneg("eps", eps)
+        _nonneg("weight_decay", weight_decay)
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ArgumentError("AdamW", "betas", "a pair (beta1, beta2)", repr(betas))
+        betas = tuple(float(b) for b in betas)
+        for i, b in enumerate(betas):
+            if not 0.0 <= b < 1.0:
+                raise ArgumentError("AdamW", f"betas[{i}]", "in [0, 1)", b)
+        if differentiable:
+            raise ArgumentError("AdamW", "differentiable", "False (kernelset's AdamW updates in place outside "
+                                "autograd; use torch.optim.AdamW(differentiable=True))", True)
+        if fused and foreach:
+            raise ArgumentError("AdamW", "fused", "not True together with foreach=True", "both True")
+        self.master_weights = bool(master_weights)
+        self.backend = _parse_backend(backend)
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=bool(amsgrad),
+                        maximize=bool(maximize), foreach=foreach, capturable=capturable, differentiable=False,
+                        fused=fused, decoupled_weight_decay=True)
+        super().__init__(params, defaults)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        for p in self.param_groups[-1]["params"]:
+            _check_param(p, f"param group {len(self.param_groups) - 1}")
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.__dict__.setdefault("master_weights", False)
+        self.__dict__.setdefault("backend", AUTO)
+        for group in self.param_groups:
+            for key, value in (("amsgrad", False), ("maximize", False), ("foreach", None), ("capturable", False),
+                               ("differentiable", False), ("fused", None), ("decoupled_weight_decay", True)):
+                group.setdefault(key, value)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's loader, then states re-cast to float32 (torch casts them to the param dtype) and
+        ``step`` made a float32 scalar on the param's device, from the saved values (copies)."""
+        saved = state_dict["state"]
+        super().load_state_dict(state_dict)
+        ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for pid, p in zip(ids, params):
+            if pid not in saved:
+                continue
+            st = self.state[p]
+            for key, value in saved[pid].items():
+                if not isinstance(value, torch.Tensor):
+                    continue
+                if key == "step":
+                    st[key] = value.detach().to(device=p.device, dtype=torch.float32, copy=True).reshape(())
+                elif key in _STATES:
+                    st[key] = value.detach().to(device=p.device, dtype=torch.float32, copy=True)
+
+    def _state(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, Any]:
+        """The parameter's state, created on first use (zeros, step 0) and kept float32 on its device."""
+        st = self.state[p]
+        if len(st) == 0:
+            st["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+            st["exp_avg"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+            st["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+        step = st["step"]
+        if not isinstance(step, torch.Tensor) or step.dtype != torch.float32 or step.device != p.device \
+                or step.dim() != 0:
+            st["step"] = torch.as_tensor(step).to(device=p.device, dtype=torch.float32).reshape(())
+        for key in ("exp_avg", "exp_avg_sq"):
+            t = st[key]
+            if t.dtype != torch.float32 or t.device != p.device:
+                st[key] = t.to(device=p.device, dtype=torch.float32)
+        if group["amsgrad"] and "max_exp_avg_sq" not in st:
+            st["max_exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+        if self.master_weights and p.dtype != torch.float32 and "master_param" not in st:
+            st["master_param"] = p.detach().to(torch.float32, memory_format=torch.preserve_format, copy=True)
+        return st
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None, *, grad_scale: torch.Tensor | None = None,
+             found_inf: torch.Tensor | None = None) -> Any:
+        """One AdamW step over every parameter with a grad. ``grad_scale``/``found_inf`` default to
+        the attributes torch.amp.GradScaler sets on optimizers with ``_step_supports_amp_scaling``."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if grad_scale is None:
+            grad_scale = getattr(self, "grad_scale", None)
+        if found_inf is None:
+            found_inf = getattr(self, "found_inf", None)
+        for group in self.param_groups:
+            self._step_group(group, grad_scale, found_inf)
+        return loss
+
+    def _step_group(self, group: dict[str, Any], grad_scale: torch.Tensor | None,
+                    found_inf: torch.Tensor | None) -> None:
+        amsgrad = bool(group["amsgrad"])
+        parts: dict[tuple, tuple[list, ...]] = {}
+        for p in group["params"]:
+            g = p.grad
+            if g is None:
+                continue
+            if g.is_sparse:
+                raise RuntimeError("AdamW does not support sparse gradients")
+            st = self._state(p, group)
+            master = st.get("master_param") if self.master_weights and p.dtype != torch.float32 else None
+            lists = parts.setdefault((p.device, master is not None), ([], [], [], [], [], [], []))
+            lists[0].append(p)
+            lists[1].append(g)
+            lists[2].append(st["exp_avg"])
+            lists[3].append(st["exp_avg_sq"])
+            if amsgrad:
+                lists[4].append(st["max_exp_avg_sq"])
+            if master is not None:
+                lists[5].append(master)
+            lists[6].append(st["step"])
+        if not parts:
+            return
+        beta1, beta2 = (float(b) for b in group["betas"])
+        for (device, _), (ps, gs, ms, vs, vms, ws, steps) in parts.items():
+            lr, lr_t = _lr(group["lr"], device)
+            scale = _on(grad_scale, device)
+            inf = _on(found_inf, device)
+            args = (ps, gs, ms, vs, vms, ws, steps, lr, lr_t, beta1, beta2, float(group["eps"]),
+                    float(group["weight_decay"]), amsgrad, bool(group["maximize"]), scale, inf, str(self.backend))
+            if torch.compiler.is_compiling():
+                torch.ops.kernelset.adamw_(*args)
+            else:
+                _adamw_run(*args)
+
+
+def _parse_backend(backend: Backend | str) -> Backend | str:
+    if isinstance(backend, str) and backend.strip().lower() == AUTO:
+        return AUTO
+    try:
+        return Backend.parse(backend)
+    except ValueError:
+        valid = ", ".join([AUTO] + [b.value for b in Backend])
+        raise ArgumentError("AdamW", "backend", f"one of {valid}", repr(backend)) from None
+
+
+def _on(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    if t is None or t.device == device:
+        return t
+    return t.to(device, non_blocking=True)
+
+
+def _lr(lr: float | torch.Tensor, device: torch.device) -> tuple[float, torch.Tensor | None]:
+    """(float lr, None), or (0, the lr tensor on the params' device). A CPU tensor lr with device
+    params is read on the host (no device sync), as torch's fused AdamW does."""
+    if not isinstance(lr, torch.Tensor):
+        return float(lr), None
+    if lr.device.type == "cpu" and device.type != "cpu":
+        return float(lr), None
+    return 0.0, _on(lr.reshape(()), device)
+
+
+# clip_grad_norm_
+
+def _clip_run(grads: list[torch.Tensor], max_norm: float, norm_type: float, out_dtype: torch.dtype, apply: bool,
+              backend: str) -> torch.Tensor:
+    impl = dispatch.select("clip_grad_norm", backend, (grads, norm_type), {})
+    return impl.forward(grads, max_norm, norm_type, out_dtype, apply)
+
+
+_clip_op = torch.library.custom_op("kernelset::clip_grad_norm_", mutates_args=("grads",))(_clip_run)
+
+
+@_clip_op.register_fake
+def _(grads, max_norm, norm_type, out_dtype, apply, backend):
+    return grads[0].new_empty((), dtype=out_dtype)
+
+
+def clip_grad_norm_(parameters: torch.Tensor | Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0,
+                    error_if_nonfinite: bool = False, foreach: bool | None = None, *,
+                    backend: Backend | str = AUTO) -> torch.Tensor:
+    """torch.nn.utils.clip_grad_norm_: total = ||concat(grads)||_p, g *= min(max_norm / (total + 1e-6), 1).
+
+    Multi-tensor, one pass for the norm (fp32 accumulation) and one for the scaling, no host
+    sync (unless ``error_if_nonfinite``, which must read the norm, as torch does). Returns the
+    total norm as a 0-dim tensor of the grads' promoted dtype on the first grad's device;
+    ``torch.tensor(0.)`` when no parameter has a grad. ``foreach`` is accepted and ignored.
+    """
+    if isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    else:
+        is_generator = isinstance(parameters, types.GeneratorType)
+        parameters = list(parameters)
+        if is_generator and not parameters:
+            warnings.warn("`parameters` is an empty generator, no gradient clipping will occur.", stacklevel=2)
+    grads = [p.grad for p in parameters if p.grad is not None]
+    max_norm = float(max_norm)
+    norm_type = float(norm_type)
+    if not grads:
+        return torch.tensor(0.0)
+    for g in grads:
+        if not g.is_floating_point() or g.is_sparse:
+            raise ArgumentTypeError("clip_grad_norm_", "parameters", "grads that are dense floating-point tensors",
+                                    f"a {'sparse' if g.is_sparse else g.dtype} grad")
+    out_dtype = functools.reduce(torch.promote_types, (g.dtype for g in grads))
+    backend = str(backend)
+    run = torch.ops.kernelset.clip_grad_norm_ if torch.compiler.is_compiling() else _clip_run
+    if not error_if_nonfinite:
+        return run(grads, max_norm, norm_type, out_dtype, True, backend)
+    total = run(grads, max_norm, norm_type, out_dtype, False, backend)
+    if torch.logical_or(total.isnan(), total.isinf()):
+        raise RuntimeError(
+            f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, so it cannot be "
+            "clipped. To disable this error and scale the gradients by the non-finite norm anyway, set "
+            "`error_if_nonfinite=False`")
+    coef = torch.clamp(max_norm / (total.float() + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(coef.to(g.device))
+    return total

@@ -1,0 +1,197 @@
+"""Launch policy, the cached multi-tensor plans and the launchers of the optimizer kernels.
+
+A *plan* is what one launch needs beyond scalars: a device table with one row per tensor
+(numel and the addresses of param, grad, states, master and step; see kernels.py) and a chunk
+map (table row, chunk index) with one entry per program. Tensors are split into *buckets* by
+(param dtype, grad dtype, 16-byte alignment), one launch each. Plans are cached by the exact
+addresses, sizes and dtypes they were built from, so a training loop whose tensors stay put (or
+come back to the same addresses, as the caching allocator hands out freshly allocated grads)
+rebuilds nothing: the hot path is one tuple of ``data_ptr()`` values and a dict lookup. A table
+is copied to the device from pinned memory without blocking the host, so no step synchronizes.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+from typing import Sequence
+
+import torch
+
+from ...core.alloc import empty
+from ..triton_launch import FastKernel
+from .kernels import (_adamw_fwd_kernel, _adamw_steps_kernel, _norm_finalize_kernel, _norm_partial_kernel,
+                      _scale_kernel)
+
+ROW = 8
+_PLAN_CACHE_SIZE = 16
+
+_adamw = FastKernel(_adamw_fwd_kernel)
+_steps = FastKernel(_adamw_steps_kernel)
+_partial = FastKernel(_norm_partial_kernel)
+_finalize = FastKernel(_norm_finalize_kernel)
+_scale = FastKernel(_scale_kernel)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptLaunch:
+    block: int  # elements per loop iteration of one program
+    iters: int  # loop iterations per program: a chunk is block * iters elements
+    num_warps: int
+
+    @property
+    def chunk(self) -> int:
+        return self.block * self.iters
+
+
+@functools.lru_cache(maxsize=None)
+def opt_policy(total: int) -> OptLaunch:
+    """1024-element blocks, 4 warps: 8 elements per thread, one 16-byte access per bf16 tensor and
+    two per fp32 state. Large problems take 32K-element chunks (one table lookup and one fp64
+    bias correction amortized over 32 blocks, ~30K programs for 1B parameters); small ones
+    (tests, tiny models) 256 x 4 so several programs share a tensor and the tail path runs."""
+    if total >= 1 << 22:
+        return OptLaunch(1024, 32, 4)
+    return OptLaunch(256, 4, 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class Bucket:
+    first: int  # index (in the call's lists) of a tensor of this bucket: its dtypes type the pointers
+    rows: int
+    chunks: int
+    aligned: bool
+    table: torch.Tensor  # int64 [rows, ROW] on the device
+    chunk_map: torch.Tensor  # int32 [chunks, 2] on the device
+
+
+_plans: collections.OrderedDict[tuple, tuple[Bucket, ...]] = collections.OrderedDict()
+
+
+def clear_plans() -> None:
+    _plans.clear()
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def _chunk_map(numels: list[int], chunk: int) -> torch.Tensor:
+    counts = torch.tensor([-(-n // chunk) for n in numels], dtype=torch.int64)
+    rows = torch.repeat_interleave(torch.arange(len(numels)), counts)
+    firsts = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+    return torch.stack([rows, torch.arange(rows.numel()) - firsts], dim=1).to(torch.int32)
+
+
+def _build(cols: Sequence[Sequence[int]], numels: list[int], p_dt: list[torch.dtype], g_dt: list[torch.dtype],
+           device: torch.device, chunk: int) -> tuple[Bucket, ...]:
+    groups: dict[tuple, list[int]] = {}
+    for i in range(len(numels)):  # empty tensors keep a row (their step still counts), no chunk
+        aligned = all(c[i] % 16 == 0 for c in cols if c[i] != 0)
+        groups.setdefault((p_dt[i], g_dt[i], aligned), []).append(i)
+    buckets = []
+    for (_, _, aligned), idx in groups.items():
+        rows = [[numels[i]] + [c[i] for c in cols] for i in idx]
+        table = torch.tensor(rows, dtype=torch.int64)
+        cmap = _chunk_map([numels[i] for i in idx], chunk)
+        buckets.append(Bucket(idx[0], len(idx), cmap.shape[0], aligned, _to_device(table, device),
+                              _to_device(cmap, device)))
+    return tuple(buckets)
+
+
+def _addresses(ts: Sequence[torch.Tensor] | None, n: int) -> list[int]:
+    return [t.data_ptr() for t in ts] if ts else [0] * n
+
+
+def plan(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], exp_avgs: Sequence[torch.Tensor] | None,
+         exp_avg_sqs: Sequence[torch.Tensor] | None, max_exp_avg_sqs: Sequence[torch.Tensor] | None,
+         masters: Sequence[torch.Tensor] | None, steps: Sequence[torch.Tensor] | None,
+         chunk: int) -> tuple[Bucket, ...]:
+    """The buckets for these tensors, from the cache when every address, size and dtype matches."""
+    n = len(params)
+    cols = [_addresses(params, n), _addresses(grads, n), _addresses(exp_avgs, n), _addresses(exp_avg_sqs, n),
+            _addresses(max_exp_avg_sqs, n), _addresses(masters, n), _addresses(steps, n)]
+    numels = [p.numel() for p in params]
+    p_dt = [p.dtype for p in params]
+    g_dt = [g.dtype for g in grads]
+    device = params[0].device
+    key = (device, chunk, tuple(numels), tuple(p_dt), tuple(g_dt)) + tuple(tuple(c) for c in cols)
+    buckets = _plans.get(key)
+    if buckets is None:
+        buckets = _build(cols, numels, p_dt, g_dt, device, chunk)
+        _plans[key] = buckets
+        if len(_plans) > _PLAN_CACHE_SIZE:
+            _plans.popitem(last=False)
+    else:
+        _plans.move_to_end(key)
+    return buckets
+
+
+def _hi_lo(x: float) -> tuple[float, float]:
+    """A double as two fp32 values whose sum carries ~48 bits (the kernels add them in fp64)."""
+    hi = float(torch.tensor(x, dtype=torch.float32))
+    return hi, float(torch.tensor(x - hi, dtype=torch.float32))
+
+
+def adamw(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, lr: float,
+          lr_tensor: torch.Tensor | None, beta1: float, beta2: float, eps: float, weight_decay: float, amsgrad: bool,
+          maximize: bool, grad_scale: torch.Tensor | None, found_inf: torch.Tensor | None) -> None:
+    """One AdamW step over every tensor, in place: 1 update launch + 1 step-counter launch per bucket."""
+    if not params:
+        return
+    pol = opt_policy(sum(p.numel() for p in params))
+    buckets = plan(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if amsgrad else None, masters or None, steps,
+                   pol.chunk)
+    lr_hi, lr_lo = _hi_lo(lr)
+    b1_hi, b1_lo = _hi_lo(beta1)
+    b2_hi, b2_lo = _hi_lo(beta2)
+    decay = 1.0 - lr * weight_decay
+    dummy = steps[0]
+    for b in buckets:
+        if b.chunks:
+            _adamw((b.chunks,), b.table, b.chunk_map, params[b.first], grads[b.first],
+                   lr_tensor if lr_tensor is not None else dummy, grad_scale if grad_scale is not None else dummy,
+                   found_inf if found_inf is not None else dummy, lr_hi, lr_lo, b1_hi, b1_lo, b2_hi, b2_lo,
+                   1.0 - beta1, beta2, eps, weight_decay, decay, ROW=ROW, BLOCK=pol.block, ITERS=pol.iters,
+                   AMSGRAD=amsgrad, MAXIMIZE=maximize, MASTER=bool(masters), LR_TENSOR=lr_tensor is not None,
+                   HAS_SCALE=grad_scale is not None, HAS_INF=found_inf is not None, ALIGNED=b.aligned,
+                   num_warps=pol.num_warps)
+    for b in buckets:
+        _steps((1,), b.table, b.rows, found_inf if found_inf is not None else dummy, ROW=ROW,
+               HAS_INF=found_inf is not None, BLOCK=128, num_warps=4)
+
+
+NORMS = {2.0: 0, 1.0: 1, float("inf"): 2}
+
+
+def norm_kind(norm_type: float) -> int:
+    return NORMS.get(norm_type, 3)
+
+
+def clip_grad_norm(grads: list[torch.Tensor], max_norm: float, norm_type: float, out_dtype: torch.dtype,
+                   apply: bool = True) -> torch.Tensor:
+    """total = ||concat(grads)||_p (fp32 partials per chunk, one finalize program), then
+    g *= min(max_norm / (total + 1e-6), 1) when ``apply``: 2 + 2 x buckets launches, no host sync."""
+    device = grads[0].device
+    total = empty((), out_dtype, device)
+    kind = norm_kind(norm_type)
+    pol = opt_policy(sum(g.numel() for g in grads))
+    buckets = plan(grads, grads, None, None, None, None, None, pol.chunk)
+    n_part = sum(b.chunks for b in buckets)
+    partial = torch.empty(max(n_part, 1), dtype=torch.float32, device=device)
+    if n_part == 0:
+        partial.zero_()
+    at = 0
+    for b in buckets:
+        _partial((b.chunks,), b.table, b.chunk_map, grads[b.first], partial[at:], float(norm_type), ROW=ROW,
+                 BLOCK=pol.block, ITERS=pol.iters, NORM=kind, ALIGNED=b.aligned, num_warps=pol.num_warps)
+        at += b.chunks
+    coef = torch.empty((), dtype=torch.float32, device=device)
+    _finalize((1,), partial, max(n_part, 1), total, coef, float(max_norm), float(norm_type), NORM=kind, BLOCK=1024,
+              num_warps=4)
+    for b in buckets if apply else ():
+        _scale((b.chunks,), b.table, b.chunk_map, grads[b.first], coef, ROW=ROW, BLOCK=pol.block, ITERS=pol.iters,
+               ALIGNED=b.aligned, num_warps=pol.num_warps)
+    return total
