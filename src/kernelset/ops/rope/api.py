@@ -1,15 +1,17 @@
-"""Public rotary_embedding (serving layout, in place) and its custom op."""
+"""Public RoPE functions and their custom ops: rotary_embedding, mrope and qk_norm_rope (serving
+layout, in place, forward only) and apply_rotary (transformers' layout, differentiable)."""
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 
 from ...core import checks, dispatch
 from ...core.autograd import AutogradSpec, EagerAutograd, needs_grad
-from ...core.enums import AUTO, Backend
+from ...core.enums import AUTO, Backend, KsEnum
 from ...core.errors import ArgumentError
-from . import backends  # noqa: F401  (declares the op and registers its implementations)
+from . import backends  # noqa: F401  (declares the ops and registers their implementations)
+from .cache import mrope_sections
 
 
 class RotaryOutput(NamedTuple):
@@ -29,6 +31,21 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor |
     """
     op = "rotary_embedding"
     checks.tensor(op, "positions", positions, dtypes=(torch.int64, torch.int32))
+    hs = _check_serving(op, q, k, cos_sin_cache, rotary_dim, head_size)
+    checks.shape(op, "positions", positions, (q.shape[0],), "one position per token")
+    checks.same_device(op, "positions", positions, "q", q)
+    if torch.compiler.is_compiling():
+        torch.ops.kernelset.rotary_embedding_(positions, q, k, cos_sin_cache, interleaved, hs, str(backend))
+    else:
+        dispatch.select(op, backend, (positions, q, k, cos_sin_cache, hs), {}).forward(
+            positions, q, k, cos_sin_cache, interleaved, hs)
+    return RotaryOutput(q, k)
+
+
+def _check_serving(op: str, q: torch.Tensor, k: torch.Tensor | None, cos_sin_cache: torch.Tensor,
+                   rotary_dim: int | None, head_size: int | None) -> int:
+    """Checks shared by the serving-layout ops: q ``[T, H, D]`` / ``[T, H*D]``, k alike,
+    cos_sin_cache ``[max_pos, R]``. Returns the head size D."""
     checks.tensor(op, "q", q, min_ndim=2)
     checks.tensor(op, "cos_sin_cache", cos_sin_cache, min_ndim=2)
     if cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] % 2:
@@ -42,28 +59,21 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor |
         if head_size is not None and head_size != hs:
             raise ArgumentError(op, "head_size", f"q.shape[-1] ({hs}) for a 3-D q", head_size)
     elif q.dim() == 2:
-        if head_size is None:
-            raise ArgumentError(op, "head_size", "given when q is 2-D [T, H * D]", None)
+        if isinstance(head_size, bool) or not isinstance(head_size, int):
+            raise ArgumentError(op, "head_size", "an int, given when q is 2-D [T, H * D]", head_size)
         hs = head_size
     else:
         raise ArgumentError(op, "q", "[T, H, D] or [T, H * D]", f"shape {tuple(q.shape)}")
-    if hs < r or (q.shape[-1] if q.dim() == 2 else hs) % hs:
+    if hs < max(r, 1) or (q.shape[-1] if q.dim() == 2 else hs) % hs:
         raise ArgumentError(op, "q", f"heads of size {hs} >= rotary_dim {r}", f"shape {tuple(q.shape)}")
-    checks.shape(op, "positions", positions, (q.shape[0],), "one position per token")
-    for name, t in (("positions", positions), ("cos_sin_cache", cos_sin_cache)):
-        checks.same_device(op, name, t, "q", q)
+    checks.same_device(op, "cos_sin_cache", cos_sin_cache, "q", q)
     if k is not None:
         checks.tensor(op, "k", k, min_ndim=2)
         checks.same_dtype(op, "k", k, "q", q)
         checks.same_device(op, "k", k, "q", q)
         if k.shape[0] != q.shape[0] or k[0].numel() % hs:
             raise ArgumentError(op, "k", f"[T={q.shape[0]}, Hk, {hs}] or [T, Hk * {hs}]", f"shape {tuple(k.shape)}")
-    if torch.compiler.is_compiling():
-        torch.ops.kernelset.rotary_embedding_(positions, q, k, cos_sin_cache, interleaved, hs, str(backend))
-    else:
-        dispatch.select(op, backend, (positions, q, k, cos_sin_cache, hs), {}).forward(
-            positions, q, k, cos_sin_cache, interleaved, hs)
-    return RotaryOutput(q, k)
+    return hs
 
 
 @torch.library.custom_op("kernelset::rotary_embedding_", mutates_args=("q", "k"))
@@ -91,7 +101,8 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     q ``[B, Hq, S, D]`` and k ``[B, Hk, S, D]`` (``unsqueeze_dim=1``, the default) or
     ``[B, S, H, D]`` (``unsqueeze_dim=2``); cos/sin ``[B, S, R]`` or ``[S, R]`` as transformers'
     rotary modules return them (halves duplicated; pairs duplicated for ``interleaved``). The first
-    R = cos.shape[-1] features rotate (``rotary_dim``, if given, must equal it); the rest pass through. fp32 math; differentiable in q and k
+    R = cos.shape[-1] features rotate (``rotary_dim``, if given, must equal it); the rest pass
+    through. fp32 math; differentiable in q and k
     (cos and sin are treated as constants).
     """
     op = "apply_rotary"
@@ -169,3 +180,128 @@ def _apply_backward(ctx, dq, dk):
 
 _apply_op.register_autograd(_apply_backward, setup_context=_apply_setup)
 _APPLY = AutogradSpec(_apply_fwd, _apply_setup, _apply_backward)
+
+
+def _check_positions(op: str, positions: torch.Tensor, q: torch.Tensor, multimodal: bool) -> None:
+    checks.tensor(op, "positions", positions, dtypes=(torch.int64, torch.int32))
+    t = q.shape[0]
+    if positions.dim() == 1 or not multimodal:
+        checks.shape(op, "positions", positions, (t,), "one position per token" if not multimodal else
+                     "[T] (text only) or [3, T] (temporal, height, width)")
+    elif tuple(positions.shape) != (3, t):
+        raise ArgumentError(op, "positions", f"[T={t}] (text only) or [3, T] (temporal, height, width)",
+                            f"shape {tuple(positions.shape)}")
+    checks.same_device(op, "positions", positions, "q", q)
+
+
+def _forward_only(op: str, *ts: torch.Tensor | None) -> None:
+    if needs_grad(*ts):
+        raise ArgumentError(op, "q", f"tensors that do not require grad ({op} is in place and forward-only)",
+                            "requires_grad=True")
+
+
+def mrope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor | None, cos_sin_cache: torch.Tensor,
+          mrope_section: Sequence[int], *, mrope_interleaved: bool = False, interleaved: bool = False,
+          rotary_dim: int | None = None, head_size: int | None = None,
+          backend: Backend | str = AUTO) -> RotaryOutput:
+    """Multimodal RoPE of Qwen2-VL / Qwen2.5-VL (and Qwen3-VL with ``mrope_interleaved``), in place.
+
+    positions ``[3, T]`` (temporal, height, width) or ``[T]`` (text only: equals
+    :func:`rotary_embedding`); q ``[T, Hq, D]`` / ``[T, Hq*D]`` and k as in rotary_embedding;
+    cos_sin_cache ``[max_pos, R]`` = [cos | sin]. Frequency i < R/2 rotates by the position of its
+    section: mrope_section = (s_t, s_h, s_w), summing to R/2, as contiguous bands (Qwen2-VL) or,
+    with ``mrope_interleaved``, Qwen3-VL's interleaved t, h, w layout. ``interleaved`` selects
+    GPT-J pairs as in rotary_embedding (Qwen models use NeoX halves, the default). fp32 math. An
+    out-of-range position leaves the frequencies of its section unrotated. Returns ``(q, k)``.
+    """
+    op = "mrope"
+    hs = _check_serving(op, q, k, cos_sin_cache, rotary_dim, head_size)
+    _check_positions(op, positions, q, True)
+    sections = list(mrope_sections(mrope_section, cos_sin_cache.shape[1], op))
+    _forward_only(op, q, k)
+    args = (positions, q, k, cos_sin_cache, sections, bool(mrope_interleaved), bool(interleaved), hs)
+    if torch.compiler.is_compiling():
+        torch.ops.kernelset.mrope_(*args, str(backend))
+    else:
+        dispatch.select(op, backend, (positions, q, k, cos_sin_cache, hs), {}).forward(*args)
+    return RotaryOutput(q, k)
+
+
+@torch.library.custom_op("kernelset::mrope_", mutates_args=("q", "k"))
+def _mrope_op(positions: torch.Tensor, q: torch.Tensor, k: Optional[torch.Tensor], cos_sin_cache: torch.Tensor,
+              sections: list[int], mrope_interleaved: bool, interleaved: bool, head_size: int, backend: str) -> None:
+    dispatch.select("mrope", backend, (positions, q, k, cos_sin_cache, head_size), {}).forward(
+        positions, q, k, cos_sin_cache, sections, mrope_interleaved, interleaved, head_size)
+
+
+@_mrope_op.register_fake
+def _(positions, q, k, cos_sin_cache, sections, mrope_interleaved, interleaved, head_size, backend):
+    return None
+
+
+class QKNormCast(KsEnum):
+    """Where qk_norm_rope rounds to q.dtype."""
+
+    FP32 = "fp32"  # fp32 from load to store, one rounding (the most accurate; vLLM's fused kernel)
+    LLAMA = "llama"  # transformers' Qwen3: Qwen3RMSNorm (round x * rstd, times w, round), then
+    #                  apply_rotary_pos_emb in q.dtype (cos/sin rounded, each product rounded, the sum)
+    GEMMA = "gemma"  # transformers' Gemma 3: Gemma3RMSNorm (x * rstd * (offset + w) in fp32, round), same RoPE
+
+
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor | None, q_weight: torch.Tensor, k_weight: torch.Tensor | None,
+                 cos_sin_cache: torch.Tensor, positions: torch.Tensor, *, eps: float = 1e-6, offset: float = 0.0,
+                 cast: QKNormCast | str = QKNormCast.LLAMA, interleaved: bool = False,
+                 rotary_dim: int | None = None, head_size: int | None = None,
+                 mrope_section: Sequence[int] | None = None, mrope_interleaved: bool = False,
+                 backend: Backend | str = AUTO) -> RotaryOutput:
+    """Per-head RMSNorm then RoPE of q and k, in one pass, in place (Qwen3, Gemma 3, Qwen3-VL).
+
+    x = x * rsqrt(mean(x^2) + eps) * (offset + w) over each head's D features (w ``[D]``; Gemma 3:
+    ``offset=1.0, cast='gemma'``), then the first R features rotate as :func:`rotary_embedding`
+    (or :func:`mrope` with ``mrope_section`` and positions ``[3, T]``). q ``[T, Hq, D]`` /
+    ``[T, Hq*D]``, k alike, any token stride (views into a fused qkv buffer). fp32 statistics;
+    ``cast`` picks the roundings (QKNormCast): the default reproduces transformers' Qwen3
+    attention bit for bit up to the reduction order of the mean. Forward only. Returns ``(q, k)``.
+    """
+    op = "qk_norm_rope"
+    hs = _check_serving(op, q, k, cos_sin_cache, rotary_dim, head_size)
+    _check_positions(op, positions, q, mrope_section is not None)
+    sections = list(mrope_sections(mrope_section, cos_sin_cache.shape[1], op)) if mrope_section is not None else None
+    weights = []
+    for name, w, x in (("q_weight", q_weight, q), ("k_weight", k_weight, k)):
+        if x is None:
+            if w is not None:
+                raise ArgumentError(op, name, "None when k is None", f"a {type(w).__name__}")
+            weights.append(None)
+            continue
+        checks.tensor(op, name, w)
+        checks.shape(op, name, w, (hs,), "the head size")
+        checks.same_device(op, name, w, "q", q)
+        weights.append(w if w.is_contiguous() else w.contiguous())
+    eps = checks.positive(op, "eps", eps)
+    offset = checks.finite(op, "offset", offset)
+    mode = QKNormCast.parse(cast, what="cast").value
+    _forward_only(op, q, k)
+    args = (q, k, weights[0], weights[1], cos_sin_cache, positions, eps, offset, mode, bool(interleaved), hs,
+            sections, bool(mrope_interleaved))
+    if torch.compiler.is_compiling():
+        torch.ops.kernelset.qk_norm_rope_(*args, str(backend))
+    else:
+        dispatch.select(op, backend, (q, k, weights[0], weights[1], cos_sin_cache, positions, hs), {}).forward(*args)
+    return RotaryOutput(q, k)
+
+
+@torch.library.custom_op("kernelset::qk_norm_rope_", mutates_args=("q", "k"))
+def _qk_op(q: torch.Tensor, k: Optional[torch.Tensor], q_weight: torch.Tensor, k_weight: Optional[torch.Tensor],
+           cos_sin_cache: torch.Tensor, positions: torch.Tensor, eps: float, offset: float, cast: str,
+           interleaved: bool, head_size: int, sections: Optional[list[int]], mrope_interleaved: bool,
+           backend: str) -> None:
+    dispatch.select("qk_norm_rope", backend, (q, k, q_weight, k_weight, cos_sin_cache, positions, head_size),
+                    {}).forward(q, k, q_weight, k_weight, cos_sin_cache, positions, eps, offset, cast, interleaved,
+                                head_size, sections, mrope_interleaved)
+
+
+@_qk_op.register_fake
+def _(q, k, q_weight, k_weight, cos_sin_cache, positions, eps, offset, cast, interleaved, head_size, sections,
+      mrope_interleaved, backend):
+    return None

@@ -119,3 +119,99 @@ register_impl(Impl(op="apply_rotary", backend=Backend.TRITON, forward=_t_apply, 
                    note="any [B, S, H, D] strides; cos/sin read once per token"))
 register_impl(Impl(op="apply_rotary", backend=Backend.REFERENCE, forward=_r_apply, backward=_r_apply,
                    supports=lambda p: None, priority=0, note="fp32 math in plain torch ops; any device"))
+
+
+def _serving_packed(q, k, cache, head_size) -> bool:
+    return _packed(q, head_size) and _packed(k, head_size) and cache.stride(1) == 1
+
+
+def _mrope_key(positions, q, k, cache, head_size):
+    return (q.device, q.dtype, head_size, cache.shape[1], cache.dtype, k is None, positions.dim(),
+            _serving_packed(q, k, cache, head_size))
+
+
+def _mrope_problem(positions, q, k, cache, head_size):
+    t = q.shape[0]
+    attrs = {"head_size": head_size, "rotary_dim": cache.shape[1], "k": "none" if k is None else "tensor",
+             "positions": "[3, T]" if positions.dim() == 2 else "[T]",
+             "packed": _serving_packed(q, k, cache, head_size)}
+    return Problem("mrope", q.device, q.dtype, (t, q[0].numel() if t else 0), device_arch(q.device), attrs)
+
+
+def _mrope_cost(shape, dtype, mode):
+    t, hq, hk, d = shape
+    s = torch.empty((), dtype=dtype).element_size()
+    return Cost(2 * t * (hq + hk) * d * s + 3 * t * 8 + t * d * 4, 0,
+                "read and write q and k, read 3 positions and R cache floats per token")
+
+
+declare_op(OpSpec(
+    name="mrope", family="rope",
+    signature="mrope(positions, q, k, cos_sin_cache, mrope_section, *, mrope_interleaved=False, interleaved=False, "
+              "rotary_dim=None, head_size=None, backend='auto') -> (q, k)",
+    doc="in place: frequency i rotates by the position of its section (temporal, height, width); Qwen2/3-VL",
+    reference=ref.mrope_fwd, tolerance="elementwise", key=_mrope_key, problem=_mrope_problem, cost=_mrope_cost,
+    bench=(BenchCase((16384, 32, 8, 128), "fwd", bar_pct=85.0),), c_abi=True, differentiable=False,
+))
+
+
+def _t_ext(*args, **kwargs):
+    from .launch import rope_ext
+    return rope_ext(*args, **kwargs)
+
+
+def _t_mrope(positions, q, k, cache, sections, mrope_interleaved, interleaved, head_size):
+    _t_ext(positions, q, k, cache, head_size, interleaved, sections, mrope_interleaved)
+
+
+register_impl(Impl(op="mrope", backend=Backend.TRITON, forward=_t_mrope, backward=None,
+                   supports=_triton_supports, priority=100, arch=ArchRange(min=(7, 0)), requires=("triton",),
+                   note="one program per (token, head block); the 3 cos/sin rows gathered per frequency"))
+register_impl(Impl(op="mrope", backend=Backend.REFERENCE, forward=ref.mrope_fwd, backward=None,
+                   supports=lambda p: None, priority=0, note="fp32 math in plain torch ops; any device"))
+
+
+def _qk_key(q, k, q_weight, k_weight, cache, positions, head_size):
+    return (q.device, q.dtype, head_size, cache.shape[1], cache.dtype, k is None, positions.dim(),
+            q_weight.dtype, _serving_packed(q, k, cache, head_size))
+
+
+def _qk_problem(q, k, q_weight, k_weight, cache, positions, head_size):
+    t = q.shape[0]
+    attrs = {"head_size": head_size, "rotary_dim": cache.shape[1], "k": "none" if k is None else "tensor",
+             "positions": "[3, T]" if positions.dim() == 2 else "[T]",
+             "weight": str(q_weight.dtype).replace("torch.", ""),
+             "packed": _serving_packed(q, k, cache, head_size)}
+    return Problem("qk_norm_rope", q.device, q.dtype, (t, q[0].numel() if t else 0), device_arch(q.device), attrs)
+
+
+def _qk_cost(shape, dtype, mode):
+    t, hq, hk, d = shape
+    s = torch.empty((), dtype=dtype).element_size()
+    return Cost(2 * t * (hq + hk) * d * s + t * 8 + t * d * 4 + 2 * d * s, 0,
+                "read and write q and k, read the positions and the cache rows (and the two weights)")
+
+
+declare_op(OpSpec(
+    name="qk_norm_rope", family="rope",
+    signature="qk_norm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions, *, eps=1e-6, offset=0.0, "
+              "cast='llama', interleaved=False, rotary_dim=None, head_size=None, mrope_section=None, "
+              "mrope_interleaved=False, backend='auto') -> (q, k)",
+    doc="in place, per head: x * rsqrt(mean(x^2) + eps) * (offset + w), then RoPE (Qwen3, Gemma 3)",
+    reference=ref.qk_norm_rope_fwd,
+    tolerance="norm", key=_qk_key, problem=_qk_problem, cost=_qk_cost,
+    bench=(BenchCase((16384, 32, 8, 128), "fwd", bar_pct=85.0),), c_abi=True, differentiable=False,
+))
+
+
+def _t_qk(q, k, q_weight, k_weight, cache, positions, eps, offset, cast, interleaved, head_size, sections,
+          mrope_interleaved):
+    _t_ext(positions, q, k, cache, head_size, interleaved, sections, mrope_interleaved, q_weight, k_weight, eps,
+           offset, cast)
+
+
+register_impl(Impl(op="qk_norm_rope", backend=Backend.TRITON, forward=_t_qk, backward=None,
+                   supports=_triton_supports, priority=100, arch=ArchRange(min=(7, 0)), requires=("triton",),
+                   note="one pass per (token, head block): RMSNorm of each head, then the rotation"))
+register_impl(Impl(op="qk_norm_rope", backend=Backend.REFERENCE, forward=ref.qk_norm_rope_fwd, backward=None,
+                   supports=lambda p: None, priority=0, note="fp32 math in plain torch ops; any device"))

@@ -1,5 +1,6 @@
-"""Benchmark adapter of rotary_embedding. Peers: vLLM-style native torch (gather cos/sin, rotate
-halves) and torch.compile of it. Each runner rotates its own copies, so every first call (the
+"""Benchmark adapters of the rope family. Peers: native torch compositions (vLLM-style gather of
+cos/sin and rotation of halves; mrope's section split; Qwen3RMSNorm per head then the rotation)
+and torch.compile of them. Each runner rotates its own copies, so every first call (the
 correctness check) starts from the same q and k."""
 from __future__ import annotations
 
@@ -92,4 +93,95 @@ ADAPTERS["apply_rotary"] = BenchAdapter(
         "torch.compile": runner(lambda: compiled(_hf_apply)(inp["q"], inp["k"], inp["cos"], inp["sin"]), inp, mode)},
     reference=_apply_reference,
     args=lambda inp: (inp["q"], inp["k"], inp["cos"], inp["sin"]),
+)
+
+
+def _sections(d: int) -> list[int]:
+    """Qwen2-VL's split scaled to head size d: (16, 24, 24) at d = 128."""
+    half = d // 2
+    hw = (half - half // 4) // 2
+    return [half - 2 * hw, hw, hw]
+
+
+def _native_mrope(pos3, q, k, cache, sections):
+    rot = cache.shape[1]
+    cs = cache[pos3]  # [3, T, R]
+    cos = torch.cat([m[i] for i, m in enumerate(cs[..., : rot // 2].split(sections, -1))], -1)[:, None]
+    sin = torch.cat([m[i] for i, m in enumerate(cs[..., rot // 2:].split(sections, -1))], -1)[:, None]
+    for x in (q, k):
+        a, b = x[..., : rot // 2].float(), x[..., rot // 2: rot].float()
+        x[..., :rot] = torch.cat([a * cos - b * sin, b * cos + a * sin], -1).to(x.dtype)
+    return q, k
+
+
+def _mrope_inputs(shape, dtype, device, mode):
+    inp = _inputs(shape, dtype, device, mode)
+    inp["pos"] = torch.randint(0, 4096, (3, inp["q"].shape[0]), device=device)
+    inp["sections"] = _sections(inp["q"].shape[-1])
+    return inp
+
+
+def _mrope_own(fn, inp):
+    q, k = inp["q"].clone(), inp["k"].clone()
+    return lambda: tuple(fn(inp["pos"], q, k, inp["cache"], inp["sections"]))
+
+
+def _mrope_reference(inp, mode):
+    q, k = inp["q"].to(torch.float32, copy=True), inp["k"].to(torch.float32, copy=True)
+    ref.mrope_fwd(inp["pos"], q, k, inp["cache"], inp["sections"], False, False, q.shape[-1])
+    return q, k
+
+
+ADAPTERS["mrope"] = BenchAdapter(
+    inputs=_mrope_inputs,
+    ours=lambda inp, mode, backend: _mrope_own(
+        lambda p, q, k, c, s: api.mrope(p, q, k, c, s, backend=backend), inp),
+    peers=lambda inp, mode: {"torch-eager": _mrope_own(_native_mrope, inp),
+                             "torch.compile": _mrope_own(compiled(_native_mrope), inp)},
+    reference=_mrope_reference,
+    args=lambda inp: (inp["pos"], inp["q"], inp["k"], inp["cache"], inp["q"].shape[-1]),
+)
+
+
+def _native_qk(q, k, qw, kw, pos, cache):
+    """transformers' Qwen3 attention prologue in torch ops: Qwen3RMSNorm per head, then the rotation."""
+    rot = cache.shape[1]
+    cs = cache[pos]
+    cos, sin = cs[:, None, : rot // 2], cs[:, None, rot // 2:]
+    for x, w in ((q, qw), (k, kw)):
+        xf = x.float()
+        xn = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
+        a, b = xn[..., : rot // 2].float(), xn[..., rot // 2: rot].float()
+        x.copy_(torch.cat([a * cos - b * sin, b * cos + a * sin, xn[..., rot:].float()], -1).to(x.dtype))
+    return q, k
+
+
+def _qk_inputs(shape, dtype, device, mode):
+    inp = _inputs(shape, dtype, device, mode)
+    d = inp["q"].shape[-1]
+    inp["qw"] = (1 + 0.2 * torch.randn(d, device=device)).to(dtype)
+    inp["kw"] = (1 + 0.2 * torch.randn(d, device=device)).to(dtype)
+    return inp
+
+
+def _qk_own(fn, inp):
+    q, k = inp["q"].clone(), inp["k"].clone()
+    return lambda: tuple(fn(q, k, inp["qw"], inp["kw"], inp["pos"], inp["cache"]))
+
+
+def _qk_reference(inp, mode):
+    q, k = inp["q"].clone(), inp["k"].clone()  # the reference computes in fp32 and rounds where the op does
+    ref.qk_norm_rope_fwd(q, k, inp["qw"], inp["kw"], inp["cache"], inp["pos"], 1e-6, 0.0, "llama", False,
+                         q.shape[-1], None, False)
+    return q, k
+
+
+ADAPTERS["qk_norm_rope"] = BenchAdapter(
+    inputs=_qk_inputs,
+    ours=lambda inp, mode, backend: _qk_own(
+        lambda q, k, qw, kw, p, c: api.qk_norm_rope(q, k, qw, kw, c, p, backend=backend), inp),
+    peers=lambda inp, mode: {"torch-eager": _qk_own(_native_qk, inp),
+                             "torch.compile": _qk_own(compiled(_native_qk), inp)},
+    reference=_qk_reference,
+    args=lambda inp: (inp["q"], inp["k"], inp["qw"], inp["kw"], inp["cache"], inp["pos"], inp["q"].shape[-1]),
 )

@@ -1,4 +1,6 @@
-"""Triton kernel of the serving-layout rotary embedding, in place (see reference.py for the math).
+"""Triton kernels of the rope family (see reference.py for the math): the serving-layout rotation
+(_rope_fwd_kernel), its multimodal / QK-norm extension (_rope_ext_fwd_kernel: mrope and
+qk_norm_rope) and transformers' layout out of place (_rope_apply_kernel).
 
 One program per (token, block of heads): the token's cos/sin row is read once for all its heads.
 fp32 math; a position outside [0, max_pos) leaves the token unrotated (never read outside the cache).
@@ -66,3 +68,88 @@ def _rope_apply_kernel(X, Y, COS, SIN, S, H, sxb, sxs, sxh, syb, sys, syh, scb, 
     bb = tl.load(xb + ib, mask=mask, other=0.0).to(tl.float32)
     tl.store(yb + ia, (a * cos[None, :] - bb * sin[None, :]).to(Y.dtype.element_ty), mask=mask)
     tl.store(yb + ib, (bb * cos[None, :] + a * sin[None, :]).to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rope_ext_fwd_kernel(POS, X, W, CACHE, H, max_pos, stride_t, stride_ps, stride_pt, stride_c, eps, offset,
+                         D: tl.constexpr, HALF: tl.constexpr, INTERLEAVED: tl.constexpr, NORM: tl.constexpr,
+                         CAST: tl.constexpr, MROPE: tl.constexpr, S0: tl.constexpr, S1: tl.constexpr,
+                         S2: tl.constexpr, MROPE_INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr,
+                         BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr):
+    # In place, one program per (token, block of heads), like _rope_fwd_kernel, plus:
+    # MROPE: frequency i rotates by the position of its section (POS + section * stride_ps), the
+    #   three cos/sin rows gathered per frequency; contiguous bands (Qwen2-VL) or interleaved
+    #   (Qwen3-VL: i % 3 == 1 below 3 S1 is height, i % 3 == 2 below 3 S2 is width).
+    # NORM: per-head RMSNorm over all D features first (the rotated pairs and the tail past
+    #   2 HALF), weight W [D]. CAST 0: fp32 throughout, one rounding. CAST 1 (Llama/Qwen3) rounds
+    #   x * rstd before the weight, CAST 2 (Gemma) after; both round the norm output and then
+    #   rotate as transformers does in x.dtype: cos/sin rounded, each product rounded, the sum.
+    t = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    i = tl.arange(0, BLOCK_R)
+    imask = i < HALF
+    if MROPE:
+        if MROPE_INTERLEAVED:
+            sec = tl.where((i % 3 == 1) & (i < 3 * S1), 1, tl.where((i % 3 == 2) & (i < 3 * S2), 2, 0))
+        else:
+            sec = (i >= S0).to(tl.int32) + (i >= S0 + S1).to(tl.int32)
+        pos = tl.load(POS + sec.to(tl.int64) * stride_ps + t * stride_pt, mask=imask, other=0).to(tl.int64)
+    else:
+        pos = tl.load(POS + t * stride_pt).to(tl.int64)
+    ok = (pos >= 0) & (pos < max_pos)
+    row = tl.where(ok, pos, 0)  # a bad position reads row 0 and is then turned into the identity
+    cos = tl.load(CACHE + row * stride_c + i, mask=imask, other=1.0).to(tl.float32)
+    sin = tl.load(CACHE + row * stride_c + HALF + i, mask=imask, other=0.0).to(tl.float32)
+    cos = tl.where(ok, cos, 1.0)
+    sin = tl.where(ok, sin, 0.0)
+    hmask = heads < H
+    mask = hmask[:, None] & imask[None, :]
+    base = X + t * stride_t + heads[:, None].to(tl.int64) * D
+    if INTERLEAVED:
+        ia = 2 * i
+        ib = ia + 1
+    else:
+        ia = i
+        ib = i + HALF
+    pa = base + ia[None, :]
+    pb = base + ib[None, :]
+    dt = X.dtype.element_ty
+    a = tl.load(pa, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(pb, mask=mask, other=0.0).to(tl.float32)
+    if NORM:
+        ss = tl.sum(a * a, 1) + tl.sum(b * b, 1)
+        if D > 2 * HALF:
+            j = tl.arange(0, BLOCK_T)
+            tmask = hmask[:, None] & (j < D - 2 * HALF)[None, :]
+            ptail = base + 2 * HALF + j[None, :]
+            tail = tl.load(ptail, mask=tmask, other=0.0).to(tl.float32)
+            ss += tl.sum(tail * tail, 1)
+        rstd = tl.rsqrt(ss / D + eps)[:, None]
+        wa = offset + tl.load(W + ia, mask=imask, other=0.0).to(tl.float32)[None, :]
+        wb = offset + tl.load(W + ib, mask=imask, other=0.0).to(tl.float32)[None, :]
+        if CAST == 1:
+            a = ((a * rstd).to(dt).to(tl.float32) * wa).to(dt).to(tl.float32)
+            b = ((b * rstd).to(dt).to(tl.float32) * wb).to(dt).to(tl.float32)
+        elif CAST == 2:
+            a = (a * rstd * wa).to(dt).to(tl.float32)
+            b = (b * rstd * wb).to(dt).to(tl.float32)
+        else:
+            a = a * rstd * wa
+            b = b * rstd * wb
+        if D > 2 * HALF:
+            wt = offset + tl.load(W + 2 * HALF + j, mask=j < D - 2 * HALF, other=0.0).to(tl.float32)[None, :]
+            if CAST == 1:
+                yt = (tail * rstd).to(dt).to(tl.float32) * wt
+            else:
+                yt = tail * rstd * wt
+            tl.store(ptail, yt.to(dt), mask=tmask)
+    if CAST == 0:
+        oa = a * cos[None, :] - b * sin[None, :]
+        ob = b * cos[None, :] + a * sin[None, :]
+    else:
+        c = cos.to(dt).to(tl.float32)[None, :]
+        s = sin.to(dt).to(tl.float32)[None, :]
+        oa = (a * c).to(dt).to(tl.float32) - (b * s).to(dt).to(tl.float32)
+        ob = (b * c).to(dt).to(tl.float32) + (a * s).to(dt).to(tl.float32)
+    tl.store(pa, oa.to(dt), mask=mask)
+    tl.store(pb, ob.to(dt), mask=mask)

@@ -1,10 +1,10 @@
-"""Launcher of the rotary-embedding kernel."""
+"""Launchers of the rotary-embedding kernels."""
 from __future__ import annotations
 
 import torch
 
 from ..triton_launch import FastKernel
-from .kernels import _rope_apply_kernel, _rope_fwd_kernel
+from .kernels import _rope_apply_kernel, _rope_ext_fwd_kernel, _rope_fwd_kernel
 
 _fwd = FastKernel(_rope_fwd_kernel)
 
@@ -48,3 +48,44 @@ def rope_apply(x, cos, sin, interleaved, rotary_dim, unsqueeze_dim, sign=1.0):
            ys.stride(0), ys.stride(1), ys.stride(2), cb, c3.stride(1), sb, s3.stride(1), sign, HALF=half,
            INTERLEAVED=interleaved, BLOCK_H=block_h, BLOCK_R=block_r, num_warps=4 if block_h * block_r >= 1024 else 2)
     return y
+
+
+_ext = FastKernel(_rope_ext_fwd_kernel)
+_CASTS = {"fp32": 0, "llama": 1, "gemma": 2}
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def ext_tiles(h: int, head_size: int, half: int, norm: bool) -> tuple[int, int, int, int]:
+    """(BLOCK_H, BLOCK_R, BLOCK_T, num_warps) of _rope_ext_fwd_kernel for h heads: about 2048
+    rotated pairs per program (a [T=16384, 32, 128] layer takes one program per token)."""
+    block_r = _pow2(half)
+    block_t = _pow2(max(1, head_size - 2 * half)) if norm else 1
+    block_h = max(1, min(_pow2(h), 2048 // block_r))
+    return block_h, block_r, block_t, 4 if block_h * block_r >= 1024 else 2
+
+
+def rope_ext(positions, q, k, cache, head_size, interleaved, sections=None, mrope_interleaved=False,
+             q_weight=None, k_weight=None, eps=0.0, offset=0.0, cast="fp32"):
+    """mrope (sections given, positions [3, T] or [T]) and/or the per-head RMSNorm (weights
+    given) before the rotation, in place on q and k (token-strided [T, H*D] or [T, H, D])."""
+    t = q.shape[0]
+    half = cache.shape[1] // 2
+    norm = q_weight is not None
+    mrope = sections is not None and positions.dim() == 2
+    s0, s1, s2 = sections if mrope else (half, 0, 0)  # text-only positions: one kernel for all sections
+    sps = positions.stride(0) if mrope else 0
+    for x, w in ((q, q_weight), (k, k_weight)):
+        if x is None or t == 0:
+            continue
+        h = x[0].numel() // head_size
+        if h == 0:
+            continue
+        block_h, block_r, block_t, warps = ext_tiles(h, head_size, half, norm)
+        _ext((t, -(-h // block_h)), positions, x, w if norm else cache, cache, h, cache.shape[0], x.stride(0), sps,
+             positions.stride(-1), cache.stride(0), float(eps), float(offset), D=head_size, HALF=half,
+             INTERLEAVED=interleaved, NORM=norm, CAST=_CASTS[cast] if norm else 0, MROPE=mrope, S0=s0, S1=s1,
+             S2=s2, MROPE_INTERLEAVED=mrope_interleaved, BLOCK_H=block_h, BLOCK_R=block_r, BLOCK_T=block_t,
+             num_warps=warps)
