@@ -15,8 +15,13 @@ from .ops.activation import GeluApprox, gelu, gelu_and_mul, silu_and_mul, swiglu
 from .ops.embedding import embedding
 from .ops.loss import Reduction, cross_entropy
 from .ops.norm import AddNormOutput, NormCast, fused_add_rms_norm, layer_norm, rms_norm
-from .ops.rope import RotaryOutput, RotatedQK, apply_rotary, rotary_embedding
+from .ops.rope import (QKNormCast, RopeCache, RotaryOutput, RotatedQK, apply_rotary, mrope, qk_norm_rope,
+                       rope_cache, rotary_embedding)
 from .ops.softmax import log_softmax, softmax
+from .ops import optim
+from .ops.optim import clip_grad_norm_
+from .ops.attention import AttentionOutput, merge_attn_states, paged_attention
+from .ops.kvcache import copy_blocks, reshape_and_cache, swap_blocks
 
 __version__ = "0.1.0"
 
@@ -24,5 +29,8 @@ __all__ = [
     "AUTO", "AddNormOutput", "apply_rotary", "ArgumentError", "ArgumentTypeError", "Backend", "Explanation", "GeluApprox",
     "KernelsetError", "NormCast", "Reduction", "RotaryOutput", "RotatedQK", "UnsupportedError", "__version__", "catalog", "config", "explain",
     "cross_entropy", "embedding", "fused_add_rms_norm", "gelu", "gelu_and_mul", "layer_norm", "log_softmax", "rms_norm", "rotary_embedding", "silu_and_mul", "softmax",
+    "mrope", "qk_norm_rope", "rope_cache", "QKNormCast", "RopeCache",
     "swiglu", "swiglu_oai",
+    "optim", "clip_grad_norm_",
+    "AttentionOutput", "merge_attn_states", "paged_attention", "copy_blocks", "reshape_and_cache", "swap_blocks",
 ]

@@ -2,3 +2,9 @@
 from . import activation, embedding, loss, norm, rope, softmax
 
 __all__ = ["activation", "embedding", "loss", "norm", "rope", "softmax"]
+from . import optim  # noqa: E402
+
+__all__ += ["optim"]
+from . import attention, kvcache  # noqa: E402
+
+__all__ += ["attention", "kvcache"]
