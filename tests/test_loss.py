@@ -63,7 +63,7 @@ def test_cross_entropy(backend, dtype, case, opt, reduction, device):
     _, shape, how, _ = case
     x = _logits(shape, how, dtype, device).requires_grad_(True)
     t = _targets(shape, device)
-    with launch.use(launch.CETuning(block=128)) if how == "looped" else launch.use(launch.active()):
+    with launch.use(launch.CETuning(block=128, block_fwd=128)) if how == "looped" else launch.use(launch.active()):
         loss = ks.cross_entropy(x, t, reduction=reduction, backend=backend, **opt[1])
         g = torch.rand_like(loss) + 0.5  # not 1.0: the backward's scaling must run
         loss.backward(g)
@@ -159,20 +159,20 @@ from kernelset.ops.loss import kernels as K
 out = []
 sig = dict(X="*bf16", T="*i64", LOSS="*fp32", LSE="*fp32", DX="*bf16", SCALE="*fp32", M="i32", V="i32",
            stride_x="i32", stride_dx="i32", ignore_index="i32", smoothing="fp32", z_loss="fp32", softcap="fp32")
-for softcap in (False, True):
-    consts = dict(SOFTCAP=softcap, HAS_GRAD=True, BLOCK=8192)
+for softcap, smooth in ((False, False), (True, True)):
+    consts = dict(SOFTCAP=softcap, SMOOTH=smooth, HAS_GRAD=True, BLOCK=16384)
     attrs = {(k,): [["tt.divisibility", 16]] for k, (n, ty) in enumerate(sig.items()) if ty.startswith("*")
              or n in ("V", "stride_x", "stride_dx")}
     src = ASTSource(K._ce_fwd_kernel, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
                     attrs=attrs)
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=16)).asm["ptx"]
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=32)).asm["ptx"]
     out.append(dict(case=f"fwd-softcap{softcap}", local="ld.local" in ptx or "st.local" in ptx, vec=".v4" in ptx))
-ssig = dict(DX="*bf16", GO="*fp32", V="i32", stride_dx="i32")
+ssig = dict(DX="*bf16", GO="*fp32", M="i32", V="i32", stride_dx="i32")
 for per_row in (False, True):
     consts = dict(PER_ROW=per_row, BLOCK=4096)
     src = ASTSource(K._ce_scale_kernel, signature={**ssig, **{k: "constexpr" for k in consts}}, constexprs=consts,
-                    attrs={(0,): [["tt.divisibility", 16]], (2,): [["tt.divisibility", 16]],
-                           (3,): [["tt.divisibility", 16]]})
+                    attrs={(0,): [["tt.divisibility", 16]], (3,): [["tt.divisibility", 16]],
+                           (4,): [["tt.divisibility", 16]]})
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["ptx"]
     out.append(dict(case=f"scale-per_row{per_row}", local="ld.local" in ptx or "st.local" in ptx, vec=".v4" in ptx))
 print(json.dumps(out))

@@ -423,7 +423,7 @@ for pdt, ams, master, scale in (("bf16", 0, 0, 0), ("bf16", 1, 1, 1), ("fp32", 0
                                 ("bf16", 0, 1, 0)):
     sig = dict(TABLE="*i64", CHUNKS="*i32", P0=f"*{pdt}", G0=f"*{pdt}", LR="*fp32", SCALE="*fp32", FOUND_INF="*fp32",
                lr_hi="fp32", lr_lo="fp32", b1_hi="fp32", b1_lo="fp32", b2_hi="fp32", b2_lo="fp32", w1="fp32",
-               b2="fp32", eps="fp32", wd="fp32", decay="fp32")
+               b2="fp32", w2="fp32", eps="fp32", wd="fp32", decay="fp32")
     consts = dict(ROW=ROW, BLOCK=pol.block, ITERS=pol.iters, AMSGRAD=bool(ams), MAXIMIZE=False, MASTER=bool(master),
                   LR_TENSOR=bool(scale), HAS_SCALE=bool(scale), HAS_INF=bool(scale), ALIGNED=True)
     ptx = compile_(K._adamw_fwd_kernel, sig, consts, ptrs, pol.num_warps)

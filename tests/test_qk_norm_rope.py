@@ -260,7 +260,7 @@ def test_equals_transformers_bf16(model, backend, device):
     want_q, want_k = _hf_path(norm, rotary, m.apply_rotary_pos_emb, q, k, pos, qw, kw, 1e-6, *extra)
     sq, sk = _flat(q).to(device), _flat(k).to(device)
     flat_pos = pos.reshape(3, -1) if pos.dim() == 3 else pos.reshape(-1)
-    ks.qk_norm_rope(sq, sk, qw.to(device), kw.to(device), table.cos_sin_cache, flat_pos.to(device), eps=1e-6,
+    ks.qk_norm_rope(sq, sk, qw.to(device), kw.to(device), table.cos_sin_cache.to(device), flat_pos.to(device), eps=1e-6,
                     backend=backend, **opts)
     for got, want in ((sq, want_q), (sk, want_k)):
         want = _flat(want.transpose(1, 2)).to(device)

@@ -130,7 +130,7 @@ from kernelset.ops.softmax.launch import SoftmaxTuning, policy
 t = SoftmaxTuning()
 out = []
 for n, max_block in ((8192, t.max_block_fwd), (131072, t.max_block_fwd), (8192, t.max_block_bwd), (65536, t.max_block_bwd)):
-    p = policy(32768, n, max_block, t)
+    p = policy(32768, n, max_block, 132, t)
     fwd = max_block == t.max_block_fwd
     if fwd:
         fn = K._softmax_fwd_looped_kernel if p.looped else K._softmax_fwd_kernel

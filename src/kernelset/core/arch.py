@@ -14,6 +14,19 @@ def cuda_arch(index: int) -> Arch:
     return tuple(torch.cuda.get_device_capability(index))  # type: ignore[return-value]
 
 
+@functools.lru_cache(maxsize=None)
+def _cuda_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (persistent grids are sized from it); 4 on any
+    other device, i.e. in the interpreter, so grid-stride loops run there too."""
+    if device.type != "cuda":
+        return 4
+    return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def device_arch(device: torch.device) -> Arch | None:
     """Compute capability of a CUDA device, None for any other device."""
     if device.type != "cuda":

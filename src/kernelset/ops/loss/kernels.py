@@ -1,16 +1,21 @@
 """Triton kernels of the fused cross-entropy.
 
-``_ce_fwd_kernel``: one program per row, the vocabulary walked in chunks. Pass 1 keeps a
-per-lane online (max, sum of exp) plus the sum of logits (label smoothing); pass 2, in reverse
-chunk order so the last chunks come from L2, writes the gradient already scaled for the
-reduction. So a training step reads the logits once from HBM and writes the gradient once;
-``_ce_scale_kernel`` multiplies by the incoming gradient in place and returns at once where it
-is 1.0 (the usual ``loss.backward()``), so the backward costs nothing then. fp32 math.
+``_ce_fwd_kernel``: a persistent grid (a few programs per SM) walks the rows; each row's
+vocabulary is read in chunks. Pass 1 keeps a scalar online (max, sum of exp): each chunk is
+reduced to its max first, so every logit costs one exp (two exps per element made the pass
+compute-bound on H100). Pass 2, in reverse chunk order, writes the gradient already scaled for
+the reduction; with only ``programs`` rows in flight their logits are still in L2, so a training
+step reads the logits from HBM once and writes the gradient once. ``_ce_scale_kernel``
+multiplies by the incoming gradient in place and returns at once where it is 1.0 (the usual
+``loss.backward()``), so the backward costs nothing then. fp32 math.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+_LOG2E = tl.constexpr(1.4426950408889634)
+_LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
@@ -24,64 +29,80 @@ def _softcapped(x, softcap, SOFTCAP: tl.constexpr):
 
 @triton.jit
 def _ce_fwd_kernel(X, T, LOSS, LSE, DX, SCALE, M, V, stride_x, stride_dx, ignore_index, smoothing, z_loss, softcap,
-                   SOFTCAP: tl.constexpr, HAS_GRAD: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    x_row = X + row * stride_x
-    t = tl.load(T + row).to(tl.int64)
-    valid = (t != ignore_index) & (t >= 0) & (t < V)
+                   SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr, HAS_GRAD: tl.constexpr, BLOCK: tl.constexpr):
     cols0 = tl.arange(0, BLOCK)
-    m_vec = tl.full([BLOCK], -float("inf"), tl.float32)
-    s_vec = tl.zeros([BLOCK], dtype=tl.float32)
-    zsum = tl.zeros([BLOCK], dtype=tl.float32)
-    for start in range(0, V, BLOCK):
-        cols = start + cols0
-        cm = cols < V
-        x = tl.load(x_row + cols, mask=cm, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        z = tl.where(cm, _softcapped(x, softcap, SOFTCAP), -float("inf"))
-        m_new = tl.maximum(m_vec, z)
-        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-        s_vec = s_vec * tl.exp2((m_vec - m_safe) * 1.4426950408889634) + tl.exp2((z - m_safe) * 1.4426950408889634)
-        m_vec = m_new
-        zsum += tl.where(cm, z, 0.0)
-    m = tl.max(m_vec, axis=0)
-    s = tl.sum(s_vec * tl.exp2((m_vec - m) * 1.4426950408889634), axis=0)
-    lse = m + tl.log2(s) * 0.6931471805599453
-    # the target logit: one scalar load, never outside the row (masked when out of range)
-    xt = tl.load(x_row + tl.where(valid, t, 0)).to(tl.float32)
-    zt = _softcapped(xt, softcap, SOFTCAP)
-    loss = (1.0 - smoothing) * (lse - zt) + smoothing * (lse - tl.sum(zsum, axis=0) / V) + z_loss * lse * lse
-    bad = (t != ignore_index) & ((t < 0) | (t >= V))
-    loss = tl.where(valid, loss, tl.where(bad, float("nan"), 0.0))  # an out-of-range target poisons the loss
-    tl.store(LOSS + row, loss)
-    tl.store(LSE + row, lse)
-    if HAS_GRAD:
-        scale = tl.load(SCALE)
-        g_scale = tl.where(valid, scale, 0.0)
-        coef = 1.0 + 2.0 * z_loss * lse
-        n_chunks = tl.cdiv(V, BLOCK)
-        for i in range(0, n_chunks):
-            cols = (n_chunks - 1 - i) * BLOCK + cols0
+    n_chunks = tl.cdiv(V, BLOCK)
+    for row in range(tl.program_id(0), M, tl.num_programs(0)):
+        x_row = X + tl.cast(row, tl.int64) * stride_x
+        t = tl.load(T + row).to(tl.int64)
+        valid = (t != ignore_index) & (t >= 0) & (t < V)
+        m = -float("inf")
+        s = 0.0
+        zsum = 0.0
+        # software pipelining by hand: the next chunk's load is in flight while this one reduces
+        x_next = tl.load(x_row + cols0, mask=cols0 < V, other=0.0, eviction_policy="evict_last")
+        for start in range(0, V, BLOCK):
+            cols = start + cols0
             cm = cols < V
-            x = tl.load(x_row + cols, mask=cm, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            z = _softcapped(x, softcap, SOFTCAP)
-            g = tl.exp2((z - lse) * 1.4426950408889634) * coef - smoothing / V
-            g = tl.where(cols == t, g - (1.0 - smoothing), g)
-            if SOFTCAP:
-                zc = z / softcap
-                g = g * (1.0 - zc * zc)
-            tl.store(DX + row * stride_dx + cols, (g * g_scale).to(DX.dtype.element_ty), mask=cm)
+            x = x_next.to(tl.float32)
+            x_next = tl.load(x_row + cols + BLOCK, mask=cols + BLOCK < V, other=0.0, eviction_policy="evict_last")
+            z = tl.where(cm, _softcapped(x, softcap, SOFTCAP), -float("inf"))
+            m_new = tl.maximum(m, tl.max(z, axis=0))
+            m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # a row of -inf logits
+            s = s * tl.exp2((m - m_safe) * _LOG2E) + tl.sum(tl.exp2((z - m_safe) * _LOG2E), axis=0)
+            m = m_new
+            if SMOOTH:
+                zsum += tl.sum(tl.where(cm, z, 0.0), axis=0)
+        lse = m + tl.log2(s) * _LN2
+        # the target logit: one scalar load, never outside the row (masked when out of range)
+        xt = tl.load(x_row + tl.where(valid, t, 0)).to(tl.float32)
+        zt = _softcapped(xt, softcap, SOFTCAP)
+        loss = (1.0 - smoothing) * (lse - zt) + z_loss * lse * lse
+        if SMOOTH:
+            loss += smoothing * (lse - zsum / V)
+        bad = (t != ignore_index) & ((t < 0) | (t >= V))
+        loss = tl.where(valid, loss, tl.where(bad, float("nan"), 0.0))  # an out-of-range target poisons the loss
+        tl.store(LOSS + row, loss)
+        tl.store(LSE + row, lse)
+        if HAS_GRAD:
+            g_scale = tl.where(valid, tl.load(SCALE), 0.0)
+            coef = (1.0 + 2.0 * z_loss * lse) * g_scale
+            lse2 = lse * _LOG2E
+            dx_row = DX + tl.cast(row, tl.int64) * stride_dx
+            last = (n_chunks - 1) * BLOCK + cols0
+            x_next = tl.load(x_row + last, mask=last < V, other=0.0, eviction_policy="evict_first")
+            for i in range(0, n_chunks):
+                cols = (n_chunks - 1 - i) * BLOCK + cols0
+                cm = cols < V
+                x = x_next.to(tl.float32)
+                x_next = tl.load(x_row + cols - BLOCK, mask=(cols >= BLOCK) & (cols - BLOCK < V), other=0.0,
+                                 eviction_policy="evict_first")
+                z = _softcapped(x, softcap, SOFTCAP)
+                g = tl.exp2(z * _LOG2E - lse2) * coef - (smoothing / V) * g_scale
+                g = tl.where(cols == t, g - (1.0 - smoothing) * g_scale, g)
+                if SOFTCAP:
+                    zc = z / softcap
+                    g = g * (1.0 - zc * zc)
+                tl.store(dx_row + cols, g.to(DX.dtype.element_ty), mask=cm)
 
 
 @triton.jit
-def _ce_scale_kernel(DX, GO, V, stride_dx, PER_ROW: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    if PER_ROW:
-        g = tl.load(GO + row).to(tl.float32)
-    else:
+def _ce_scale_kernel(DX, GO, M, V, stride_dx, PER_ROW: tl.constexpr, BLOCK: tl.constexpr):
+    # persistent over (row, chunk) items; a scalar incoming gradient of exactly 1.0 (the usual
+    # ``loss.backward()``) returns at once, so the whole launch costs a few microseconds then
+    n_col = tl.cdiv(V, BLOCK)
+    cols0 = tl.arange(0, BLOCK)
+    g = 1.0
+    if not PER_ROW:
         g = tl.load(GO).to(tl.float32)
-    if g != 1.0:
-        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        cm = cols < V
-        ptr = DX + row * stride_dx + cols
-        d = tl.load(ptr, mask=cm, other=0.0).to(tl.float32)
-        tl.store(ptr, (d * g).to(DX.dtype.element_ty), mask=cm)
+    if PER_ROW or g != 1.0:
+        for item in range(tl.program_id(0), M * n_col, tl.num_programs(0)):
+            row = item // n_col
+            if PER_ROW:
+                g = tl.load(GO + row).to(tl.float32)
+            if g != 1.0:
+                cols = (item % n_col) * BLOCK + cols0
+                cm = cols < V
+                ptr = DX + tl.cast(row, tl.int64) * stride_dx + cols
+                d = tl.load(ptr, mask=cm, other=0.0).to(tl.float32)
+                tl.store(ptr, (d * g).to(DX.dtype.element_ty), mask=cm)

@@ -6,6 +6,7 @@ import dataclasses
 import torch
 
 from ...core.alloc import empty
+from ...core.arch import sm_count
 from ...core.checks import row_stride
 from ...core.tuning import TuningStack
 from ..triton_launch import FastKernel
@@ -17,8 +18,12 @@ _scale = FastKernel(_ce_scale_kernel)
 
 @dataclasses.dataclass(frozen=True)
 class CETuning:
-    block: int = 8192  # vocabulary chunk per loop step
-    num_warps: int = 16
+    # measured on H100 (scripts/ce_softmax_tune.py, 8192 x 128256 bf16; docs/benchmarks)
+    block: int = 16384  # vocabulary chunk per loop step, with a gradient
+    num_warps: int = 32
+    programs_per_sm: int = 4  # persistent grid with a gradient: rows in flight per SM
+    block_fwd: int = 16384  # forward only (no gradient): one program per row
+    num_warps_fwd: int = 8
     scale_block: int = 4096
 
 
@@ -44,10 +49,13 @@ def ce_fwd(logits, target, ignore_index, smoothing, z_loss, softcap, reduction, 
     scale = _scale_tensor(target, ignore_index, reduction, need_grad)
     if m:
         t = active()
-        block = min(t.block, 1 << max(0, (v - 1).bit_length()))
-        _fwd((m,), logits, target, loss, lse, dx, scale, m, v, row_stride(logits), v, ignore_index, smoothing,
-             z_loss, softcap or 0.0, SOFTCAP=bool(softcap), HAS_GRAD=need_grad, BLOCK=block,
-             num_warps=min(t.num_warps, max(1, block // 256)))
+        # with a gradient, few rows in flight so pass 2 finds them in L2; without, one row per program
+        block = min(t.block if need_grad else t.block_fwd, 1 << max(0, (v - 1).bit_length()))
+        warps = min(t.num_warps if need_grad else t.num_warps_fwd, max(1, block // 256))
+        grid = min(m, t.programs_per_sm * sm_count(logits.device)) if need_grad else m
+        _fwd((grid,), logits, target, loss, lse, dx, scale, m, v, row_stride(logits), v, ignore_index, smoothing,
+             z_loss, softcap or 0.0, SOFTCAP=bool(softcap), SMOOTH=smoothing > 0.0, HAS_GRAD=need_grad, BLOCK=block,
+             num_warps=warps)
     if reduction == "none":
         return loss, dx
     total = loss.sum()
@@ -61,6 +69,7 @@ def ce_bwd(grad_out: torch.Tensor, dlogits: torch.Tensor, reduction: str) -> tor
         t = active()
         block = min(t.scale_block, 1 << max(0, (v - 1).bit_length()))
         go = grad_out.float() if grad_out.dtype != torch.float32 else grad_out
-        _scale((m, -(-v // block)), dlogits, go.contiguous(), v, v, PER_ROW=reduction == "none", BLOCK=block,
-               num_warps=4)
+        items = m * -(-v // block)
+        _scale((min(items, 4 * sm_count(dlogits.device)),), dlogits, go.contiguous(), m, v, v,
+               PER_ROW=reduction == "none", BLOCK=block, num_warps=4)
     return dlogits

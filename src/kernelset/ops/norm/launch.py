@@ -8,17 +8,18 @@ from __future__ import annotations
 import torch
 
 from ...core.alloc import empty
+from ...core.arch import sm_count
 from ...core.checks import row_stride
 from ..triton_launch import FastKernel
 from .kernels import (_norm_bwd_dwdb_kernel, _norm_bwd_kernel, _norm_bwd_looped_kernel, _norm_fwd_kernel,
                       _norm_fwd_looped_kernel)
+from .policy import NormTuning, active, bwd_policy, fwd_policy
 
 _fwd = FastKernel(_norm_fwd_kernel)
 _fwd_looped = FastKernel(_norm_fwd_looped_kernel)
 _bwd = FastKernel(_norm_bwd_kernel)
 _bwd_looped = FastKernel(_norm_bwd_looped_kernel)
 _bwd_dwdb = FastKernel(_norm_bwd_dwdb_kernel)
-from .policy import NormTuning, active, bwd_policy, fwd_policy, sm_count
 
 
 def _rows(x: torch.Tensor) -> int:

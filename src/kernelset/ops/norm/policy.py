@@ -8,8 +8,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-import torch
-
 from ...core.tuning import TuningStack
 
 
@@ -54,13 +52,6 @@ def _pow2(n: int) -> int:
 
 def _clamp(v: int, lo: int, hi: int) -> int:
     return max(lo, min(hi, v))
-
-
-@functools.lru_cache(maxsize=None)
-def sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # the interpreter: a few programs, so grid-stride loops are exercised
 
 
 @functools.lru_cache(maxsize=4096)

@@ -45,7 +45,7 @@ def _ptr(row, col: tl.constexpr, ty, ALIGNED: tl.constexpr):
 
 
 @triton.jit
-def _adamw_block(offs, mask, p_ptr, g_ptr, m_ptr, v_ptr, vmax_ptr, w_ptr, step_size, bc2_sqrt, decay, w1, b2,
+def _adamw_block(offs, mask, p_ptr, g_ptr, m_ptr, v_ptr, vmax_ptr, w_ptr, step_size, bc2_sqrt, decay, w1, b2, w2,
                  eps, scale, AMSGRAD: tl.constexpr, MAXIMIZE: tl.constexpr, MASTER: tl.constexpr,
                  HAS_SCALE: tl.constexpr, MASKED: tl.constexpr):
     if MASKED:
@@ -76,7 +76,7 @@ def _adamw_block(offs, mask, p_ptr, g_ptr, m_ptr, v_ptr, vmax_ptr, w_ptr, step_s
     # torch's lerp: self + w (end - self) for w < 0.5, end - (end - self)(1 - w) otherwise
     d = g - m
     m = tl.where(w1 < 0.5, m + w1 * d, g - d * (1.0 - w1))
-    v = v * b2 + (1.0 - b2) * (g * g)
+    v = v * b2 + w2 * (g * g)  # w2 = 1 - b2 from the host's double math, as torch
     if AMSGRAD:
         if MASKED:
             vm = tl.maximum(tl.load(vmax_ptr + offs, mask=mask, other=0.0), v)
@@ -104,7 +104,7 @@ def _adamw_block(offs, mask, p_ptr, g_ptr, m_ptr, v_ptr, vmax_ptr, w_ptr, step_s
 
 @triton.jit
 def _adamw_fwd_kernel(TABLE, CHUNKS, P0, G0, LR, SCALE, FOUND_INF, lr_hi, lr_lo, b1_hi, b1_lo, b2_hi, b2_lo, w1, b2,
-                      eps, wd, decay, ROW: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr,
+                      w2, eps, wd, decay, ROW: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr,
                       AMSGRAD: tl.constexpr, MAXIMIZE: tl.constexpr, MASTER: tl.constexpr, LR_TENSOR: tl.constexpr,
                       HAS_SCALE: tl.constexpr, HAS_INF: tl.constexpr, ALIGNED: tl.constexpr):
     # One program: chunk ``c`` (BLOCK * ITERS elements) of tensor ``r``. found_inf != 0 skips the
@@ -149,13 +149,13 @@ def _adamw_fwd_kernel(TABLE, CHUNKS, P0, G0, LR, SCALE, FOUND_INF, lr_hi, lr_lo,
         n_full = tl.minimum((numel - start) // BLOCK, ITERS)
         for i in range(0, n_full):
             offs = start + i * BLOCK + lanes
-            _adamw_block(offs, None, p_ptr, g_ptr, m_ptr, v_ptr, vmax_ptr, w_ptr, step_size, bc2_sqrt, dec, w1, b2,
-                         eps, scale, AMSGRAD, MAXIMIZE, MASTER, HAS_SCALE, False)
+            _adamw_block(offs, None, p_ptr, g_ptr, m_ptr, v_ptr, vmax_ptr, w_ptr, step_size, bc2_sqrt, dec, w1,
+                         b2, w2, eps, scale, AMSGRAD, MAXIMIZE, MASTER, HAS_SCALE, False)
         tail = start + n_full * BLOCK
         if (n_full < ITERS) & (tail < numel):
             offs = tail + lanes
             _adamw_block(offs, offs < numel, p_ptr, g_ptr, m_ptr, v_ptr, vmax_ptr, w_ptr, step_size, bc2_sqrt, dec,
-                         w1, b2, eps, scale, AMSGRAD, MAXIMIZE, MASTER, HAS_SCALE, True)
+                         w1, b2, w2, eps, scale, AMSGRAD, MAXIMIZE, MASTER, HAS_SCALE, True)
 
 
 @triton.jit

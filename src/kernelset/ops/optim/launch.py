@@ -154,7 +154,7 @@ def adamw(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps,
             _adamw((b.chunks,), b.table, b.chunk_map, params[b.first], grads[b.first],
                    lr_tensor if lr_tensor is not None else dummy, grad_scale if grad_scale is not None else dummy,
                    found_inf if found_inf is not None else dummy, lr_hi, lr_lo, b1_hi, b1_lo, b2_hi, b2_lo,
-                   1.0 - beta1, beta2, eps, weight_decay, decay, ROW=ROW, BLOCK=pol.block, ITERS=pol.iters,
+                   1.0 - beta1, beta2, 1.0 - beta2, eps, weight_decay, decay, ROW=ROW, BLOCK=pol.block, ITERS=pol.iters,
                    AMSGRAD=amsgrad, MAXIMIZE=maximize, MASTER=bool(masters), LR_TENSOR=lr_tensor is not None,
                    HAS_SCALE=grad_scale is not None, HAS_INF=found_inf is not None, ALIGNED=b.aligned,
                    num_warps=pol.num_warps)

@@ -88,4 +88,4 @@ def rope_ext(positions, q, k, cache, head_size, interleaved, sections=None, mrop
              positions.stride(-1), cache.stride(0), float(eps), float(offset), D=head_size, HALF=half,
              INTERLEAVED=interleaved, NORM=norm, CAST=_CASTS[cast] if norm else 0, MROPE=mrope, S0=s0, S1=s1,
              S2=s2, MROPE_INTERLEAVED=mrope_interleaved, BLOCK_H=block_h, BLOCK_R=block_r, BLOCK_T=block_t,
-             num_warps=warps)
+             num_warps=warps, fp_fusion=not (norm and cast != "fp32"))  # keep each rounding of the bf16 chain

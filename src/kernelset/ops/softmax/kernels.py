@@ -2,13 +2,13 @@
 
 Block kernels keep ``ROWS`` whole rows in registers: one read, one write. Looped kernels walk a
 long row in chunks: an online pass for (max, sum of exp) with rescaling, then the output pass in
-reverse chunk order so the most recently read chunks come from L2. fp32 math throughout.
+reverse chunk order; their grid is persistent (a few programs per SM), so the rows in flight fit
+in L2 and the second pass reads them from there. fp32 math throughout.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
-
 
 
 @triton.jit
@@ -32,36 +32,43 @@ def _softmax_fwd_kernel(X, Y, M, N, stride_x, stride_y, inv_t, LOG: tl.constexpr
 
 @triton.jit
 def _softmax_fwd_looped_kernel(X, Y, M, N, stride_x, stride_y, inv_t, LOG: tl.constexpr, BLOCK_N: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    x_row = X + row * stride_x
+    # persistent: a few rows in flight per SM, so the output pass re-reads them from L2
     cols0 = tl.arange(0, BLOCK_N)
-    m_vec = tl.full([BLOCK_N], -float("inf"), tl.float32)
-    s_vec = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for start in range(0, N, BLOCK_N):
-        cols = start + cols0
-        z = tl.load(x_row + cols, mask=cols < N, other=-float("inf"), eviction_policy="evict_last").to(tl.float32)
-        z = z * inv_t
-        m_new = tl.maximum(m_vec, z)
-        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-        # per-lane online softmax: rescale the running sum to the new running max
-        s_vec = s_vec * tl.exp2((m_vec - m_safe) * 1.4426950408889634) + tl.exp2((z - m_safe) * 1.4426950408889634)
-        m_vec = m_new
-    m = tl.max(m_vec, axis=0)
-    m = tl.where(m == -float("inf"), 0.0, m)
-    s = tl.sum(s_vec * tl.exp2((m_vec - m) * 1.4426950408889634), axis=0)
-    log_s = tl.log2(s) * 0.6931471805599453
-    inv_s = 1.0 / s
     n_chunks = tl.cdiv(N, BLOCK_N)
-    for i in range(0, n_chunks):
-        cols = (n_chunks - 1 - i) * BLOCK_N + cols0
-        cm = cols < N
-        z = tl.load(x_row + cols, mask=cm, other=-float("inf"), eviction_policy="evict_first").to(tl.float32)
-        z = z * inv_t
-        if LOG:
-            y = z - m - log_s
-        else:
-            y = tl.exp2((z - m) * 1.4426950408889634) * inv_s
-        tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=cm)
+    for row in range(tl.program_id(0), M, tl.num_programs(0)):
+        x_row = X + tl.cast(row, tl.int64) * stride_x
+        y_row = Y + tl.cast(row, tl.int64) * stride_y
+        m = -float("inf")
+        s = 0.0
+        # software pipelining by hand: the next chunk's load is in flight while this one reduces
+        z_next = tl.load(x_row + cols0, mask=cols0 < N, other=-float("inf"), eviction_policy="evict_last")
+        for start in range(0, N, BLOCK_N):
+            cols = start + cols0
+            z = z_next.to(tl.float32) * inv_t
+            z_next = tl.load(x_row + cols + BLOCK_N, mask=cols + BLOCK_N < N, other=-float("inf"),
+                             eviction_policy="evict_last")
+            # online softmax on scalars: the chunk's max first, so each element costs one exp
+            m_new = tl.maximum(m, tl.max(z, axis=0))
+            m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+            s = s * tl.exp2((m - m_safe) * 1.4426950408889634) + tl.sum(tl.exp2((z - m_safe) * 1.4426950408889634),
+                                                                         axis=0)
+            m = m_new
+        m = tl.where(m == -float("inf"), 0.0, m)
+        log_s = tl.log2(s) * 0.6931471805599453
+        inv_s = 1.0 / s
+        last = (n_chunks - 1) * BLOCK_N + cols0
+        z_next = tl.load(x_row + last, mask=last < N, other=-float("inf"), eviction_policy="evict_first")
+        for i in range(0, n_chunks):
+            cols = (n_chunks - 1 - i) * BLOCK_N + cols0
+            cm = cols < N
+            z = z_next.to(tl.float32) * inv_t
+            z_next = tl.load(x_row + cols - BLOCK_N, mask=(cols >= BLOCK_N) & (cols - BLOCK_N < N),
+                             other=-float("inf"), eviction_policy="evict_first")
+            if LOG:
+                y = z - m - log_s
+            else:
+                y = tl.exp2((z - m) * 1.4426950408889634) * inv_s
+            tl.store(y_row + cols, y.to(Y.dtype.element_ty), mask=cm)
 
 
 @triton.jit
@@ -83,28 +90,30 @@ def _softmax_bwd_kernel(DY, Y, DX, M, N, stride_dy, stride_y, stride_dx, inv_t, 
 @triton.jit
 def _softmax_bwd_looped_kernel(DY, Y, DX, M, N, stride_dy, stride_y, stride_dx, inv_t, LOG: tl.constexpr,
                                BLOCK_N: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+    # persistent like the forward: the second pass re-reads dy and y from L2
     cols0 = tl.arange(0, BLOCK_N)
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for start in range(0, N, BLOCK_N):
-        cols = start + cols0
-        cm = cols < N
-        dy = tl.load(DY + row * stride_dy + cols, mask=cm, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        if LOG:
-            acc += dy
-        else:
-            y = tl.load(Y + row * stride_y + cols, mask=cm, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            acc += dy * y
-    c = tl.sum(acc, axis=0)
     n_chunks = tl.cdiv(N, BLOCK_N)
-    for i in range(0, n_chunks):
-        cols = (n_chunks - 1 - i) * BLOCK_N + cols0
-        cm = cols < N
-        dy = tl.load(DY + row * stride_dy + cols, mask=cm, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        if LOG:
-            y = tl.load(Y + row * stride_y + cols, mask=cm, other=-float("inf")).to(tl.float32)
-            dx = dy - tl.exp2(y * 1.4426950408889634) * c
-        else:
-            y = tl.load(Y + row * stride_y + cols, mask=cm, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            dx = y * (dy - c)
-        tl.store(DX + row * stride_dx + cols, (dx * inv_t).to(DX.dtype.element_ty), mask=cm)
+    for row in range(tl.program_id(0), M, tl.num_programs(0)):
+        r64 = tl.cast(row, tl.int64)
+        dy_row, y_row, dx_row = DY + r64 * stride_dy, Y + r64 * stride_y, DX + r64 * stride_dx
+        c = 0.0
+        for start in range(0, N, BLOCK_N):
+            cols = start + cols0
+            cm = cols < N
+            dy = tl.load(dy_row + cols, mask=cm, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            if LOG:
+                c += tl.sum(dy, axis=0)
+            else:
+                y = tl.load(y_row + cols, mask=cm, other=0.0, eviction_policy="evict_last").to(tl.float32)
+                c += tl.sum(dy * y, axis=0)
+        for i in range(0, n_chunks):
+            cols = (n_chunks - 1 - i) * BLOCK_N + cols0
+            cm = cols < N
+            dy = tl.load(dy_row + cols, mask=cm, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            if LOG:
+                y = tl.load(y_row + cols, mask=cm, other=-float("inf"), eviction_policy="evict_first")
+                dx = dy - tl.exp2(y.to(tl.float32) * 1.4426950408889634) * c
+            else:
+                y = tl.load(y_row + cols, mask=cm, other=0.0, eviction_policy="evict_first").to(tl.float32)
+                dx = y * (dy - c)
+            tl.store(dx_row + cols, (dx * inv_t).to(DX.dtype.element_ty), mask=cm)

@@ -7,6 +7,7 @@ import functools
 import torch
 
 from ...core.alloc import empty
+from ...core.arch import sm_count
 from ...core.checks import row_stride
 from ...core.tuning import TuningStack
 from ..triton_launch import FastKernel
@@ -22,8 +23,10 @@ class SoftmaxTuning:
     max_block_bwd: int = 8192  # the backward holds dy and y
     tile: int = 2048  # rows per program grow until a program covers this many elements
     elems_per_thread: int = 16
-    looped_block: int = 8192
-    looped_warps: int = 16
+    # looped kernels, measured on H100 (scripts/ce_softmax_tune.py, 4096 x 131072 bf16)
+    looped_block: int = 16384
+    looped_warps: int = 32
+    looped_programs_per_sm: int = 4  # persistent grid: rows in flight per SM
 
 
 _tuning = TuningStack(SoftmaxTuning())
@@ -41,10 +44,11 @@ class SoftmaxLaunch:
 
 
 @functools.lru_cache(maxsize=4096)
-def policy(m: int, n: int, max_block: int, t: SoftmaxTuning) -> SoftmaxLaunch:
+def policy(m: int, n: int, max_block: int, sms: int, t: SoftmaxTuning) -> SoftmaxLaunch:
     block = 1 << max(0, (n - 1).bit_length())
     if block > max_block:
-        return SoftmaxLaunch(True, min(t.looped_block, block), 1, t.looped_warps, m)
+        grid = min(m, t.looped_programs_per_sm * sms)
+        return SoftmaxLaunch(True, min(t.looped_block, block), 1, t.looped_warps, grid)
     rows = max(1, min(t.tile // block, 64))  # independent of m: batch-invariant reduction order
     warps = max(1, min(32, rows * block // (32 * t.elems_per_thread)))
     return SoftmaxLaunch(False, block, rows, 1 << (warps.bit_length() - 1), -(-m // rows))
@@ -57,7 +61,7 @@ def softmax_fwd(x: torch.Tensor, temperature: float, log: bool, out_dtype: torch
     if m == 0:
         return y
     t = active()
-    p = policy(m, n, t.max_block_fwd, t)
+    p = policy(m, n, t.max_block_fwd, sm_count(x.device), t)
     args = (x, y, m, n, row_stride(x), n, 1.0 / temperature)
     if p.looped:
         _fwd_looped((p.grid,), *args, LOG=log, BLOCK_N=p.block_n, num_warps=p.num_warps)
@@ -73,7 +77,7 @@ def softmax_bwd(dy: torch.Tensor, y: torch.Tensor, temperature: float, log: bool
     if m == 0:
         return dx
     t = active()
-    p = policy(m, n, t.max_block_bwd, t)
+    p = policy(m, n, t.max_block_bwd, sm_count(y.device), t)
     args = (dy, y, dx, m, n, row_stride(dy), row_stride(y), n, 1.0 / temperature)
     if p.looped:
         _bwd_looped((p.grid,), *args, LOG=log, BLOCK_N=p.block_n, num_warps=p.num_warps)
