@@ -45,7 +45,8 @@ def main() -> int:
     fwd_cases = [(32768, 4096), (16384, 8192), (8192, 16384), (4096, 32768), (4096, 65536), (1024, 262144)]
     fwd_space = list(variants(base, fwd_elems_per_thread=(8, 16, 32), fwd_tile=(2048, 8192),
                               max_block_fwd=(16384, 32768))) + \
-        list(variants(base, max_block_fwd=(8192,), looped_block=(4096, 8192, 16384), looped_warps=(8, 16, 32)))
+        list(variants(base, max_block_fwd=(8192,), looped_block_fwd=(8192, 16384), looped_warps_fwd=(16, 32),
+                      looped_programs_per_sm=(1, 2, 4, 8)))
     for m, n in fwd_cases:
         x = torch.randn(m, n, dtype=torch.bfloat16, device=dev)
         w = torch.randn(n, dtype=torch.bfloat16, device=dev)

@@ -36,7 +36,7 @@ CASES = [
 ]
 
 SMALL_TUNING = dataclasses.replace(policy.DEFAULT_TUNING, max_block_fwd=256, max_block_bwd=256, looped_block=128,
-                                   dwdb_block_m=2, dwdb_block_n=64)
+                                   looped_block_fwd=128, dwdb_block_m=2, dwdb_block_n=64)
 
 
 def _make_x(shape, how, dtype, device):

@@ -64,70 +64,84 @@ def _norm_fwd_looped_kernel(X, R, W, B, Y, H, MEAN, RSTD, M, N, stride_x, stride
                             offset, IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                             HAS_BIAS: tl.constexpr, GEMMA_CAST: tl.constexpr, STORE_STATS: tl.constexpr,
                             BLOCK_N: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    x_row = X + row * stride_x
+    # Persistent: a few rows in flight per SM, so pass 2 re-reads them from L2. Loads are
+    # pipelined by hand: the next chunk is in flight while this one is reduced or written.
     cols0 = tl.arange(0, BLOCK_N)
-    # Pass 1: statistics. LayerNorm merges per-chunk (mean, M2) pairs (Chan et al.), which is
-    # as exact as two passes over the row without a third read.
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    mean = 0.0
-    m2 = 0.0
-    count = 0.0
-    for start in range(0, N, BLOCK_N):
-        cols = start + cols0
-        m = cols < N
-        x = tl.load(x_row + cols, mask=m, other=0.0, eviction_policy="evict_last")
-        if HAS_RESIDUAL:
-            r = tl.load(R + row * stride_r + cols, mask=m, other=0.0, eviction_policy="evict_first")
-            x = (x.to(tl.float32) + r.to(tl.float32)).to(H.dtype.element_ty)
-            tl.store(H + row * stride_h + cols, x, mask=m, eviction_policy="evict_last")
-        xf = x.to(tl.float32)
-        if IS_RMS:
-            acc += xf * xf
-        else:
-            n_c = tl.minimum(N - start, BLOCK_N).to(tl.float32)
-            mean_c = tl.sum(xf, axis=0) / n_c
-            d = tl.where(m, xf - mean_c, 0.0)
-            m2_c = tl.sum(d * d, axis=0)
-            total = count + n_c
-            delta = mean_c - mean
-            mean += delta * (n_c / total)
-            m2 += m2_c + delta * delta * (count * n_c / total)
-            count = total
-    if IS_RMS:
-        var = tl.sum(acc, axis=0) / N
-    else:
-        var = m2 / N
-    rstd = tl.rsqrt(var + eps)
-    # Pass 2: normalize, last chunk first (it is the likeliest still in L2).
-    if HAS_RESIDUAL:
-        src = H + row * stride_h
-    else:
-        src = x_row
     n_chunks = tl.cdiv(N, BLOCK_N)
-    for i in range(0, n_chunks):
-        cols = (n_chunks - 1 - i) * BLOCK_N + cols0
-        m = cols < N
-        xf = tl.load(src + cols, mask=m, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        if IS_RMS:
-            xn = xf * rstd
-        else:
-            xn = (xf - mean) * rstd
-        if HAS_WEIGHT:
-            w = tl.load(W + cols, mask=m, other=0.0).to(tl.float32) + offset
-            if GEMMA_CAST:
-                y = xn * w
+    for row_i in range(tl.program_id(0), M, tl.num_programs(0)):
+        row = tl.cast(row_i, tl.int64)
+        x_row = X + row * stride_x
+        # Pass 1: statistics. LayerNorm merges per-chunk (mean, M2) pairs (Chan et al.), which
+        # is as exact as two passes over the row without a third read.
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        mean = 0.0
+        m2 = 0.0
+        count = 0.0
+        x_next = tl.load(x_row + cols0, mask=cols0 < N, other=0.0, eviction_policy="evict_last")
+        if HAS_RESIDUAL:
+            r_row = R + row * stride_r
+            r_next = tl.load(r_row + cols0, mask=cols0 < N, other=0.0, eviction_policy="evict_first")
+        for start in range(0, N, BLOCK_N):
+            cols = start + cols0
+            m = cols < N
+            x = x_next
+            x_next = tl.load(x_row + cols + BLOCK_N, mask=cols + BLOCK_N < N, other=0.0, eviction_policy="evict_last")
+            if HAS_RESIDUAL:
+                r = r_next
+                r_next = tl.load(r_row + cols + BLOCK_N, mask=cols + BLOCK_N < N, other=0.0,
+                                 eviction_policy="evict_first")
+                x = (x.to(tl.float32) + r.to(tl.float32)).to(H.dtype.element_ty)
+                tl.store(H + row * stride_h + cols, x, mask=m, eviction_policy="evict_last")
+            xf = x.to(tl.float32)
+            if IS_RMS:
+                acc += xf * xf
             else:
-                y = xn.to(Y.dtype.element_ty).to(tl.float32) * w
+                n_c = tl.minimum(N - start, BLOCK_N).to(tl.float32)
+                mean_c = tl.sum(xf, axis=0) / n_c
+                d = tl.where(m, xf - mean_c, 0.0)
+                m2_c = tl.sum(d * d, axis=0)
+                total = count + n_c
+                delta = mean_c - mean
+                mean += delta * (n_c / total)
+                m2 += m2_c + delta * delta * (count * n_c / total)
+                count = total
+        if IS_RMS:
+            var = tl.sum(acc, axis=0) / N
         else:
-            y = xn
-        if HAS_BIAS:
-            y += tl.load(B + cols, mask=m, other=0.0).to(tl.float32)
-        tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=m)
-    if STORE_STATS:
-        tl.store(RSTD + row, rstd)
-        if not IS_RMS:
-            tl.store(MEAN + row, mean)
+            var = m2 / N
+        rstd = tl.rsqrt(var + eps)
+        # Pass 2: normalize, last chunk first (it is the likeliest still in L2).
+        if HAS_RESIDUAL:
+            src = H + row * stride_h
+        else:
+            src = x_row
+        last = (n_chunks - 1) * BLOCK_N + cols0
+        x_next = tl.load(src + last, mask=last < N, other=0.0, eviction_policy="evict_first")
+        for i in range(0, n_chunks):
+            cols = (n_chunks - 1 - i) * BLOCK_N + cols0
+            m = cols < N
+            xf = x_next.to(tl.float32)
+            x_next = tl.load(src + cols - BLOCK_N, mask=(cols >= BLOCK_N) & (cols - BLOCK_N < N), other=0.0,
+                             eviction_policy="evict_first")
+            if IS_RMS:
+                xn = xf * rstd
+            else:
+                xn = (xf - mean) * rstd
+            if HAS_WEIGHT:
+                w = tl.load(W + cols, mask=m, other=0.0).to(tl.float32) + offset
+                if GEMMA_CAST:
+                    y = xn * w
+                else:
+                    y = xn.to(Y.dtype.element_ty).to(tl.float32) * w
+            else:
+                y = xn
+            if HAS_BIAS:
+                y += tl.load(B + cols, mask=m, other=0.0).to(tl.float32)
+            tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=m)
+        if STORE_STATS:
+            tl.store(RSTD + row, rstd)
+            if not IS_RMS:
+                tl.store(MEAN + row, mean)
 
 
 @triton.jit

@@ -22,8 +22,13 @@ class NormTuning:
     bwd_elems_per_thread: int = 8
     bwd_threads_per_sm: int = 1024  # persistent backward grid: SMs * this / threads per program (registers
     # allow 1-2 programs of 16 warps per SM; more only adds waves and partial-sum rows)
-    looped_block: int = 8192  # chunk of the looped kernels (rows wider than max_block_*)
+    looped_block: int = 8192  # chunk of the looped backward (rows wider than max_block_bwd)
     looped_warps: int = 16
+    # looped forward (rows wider than max_block_fwd): persistent grid, rows in flight per SM
+    # (pass 2 re-reads them from L2); values as the softmax sweep found best on H100
+    looped_block_fwd: int = 16384
+    looped_warps_fwd: int = 32
+    looped_programs_per_sm: int = 4
     dwdb_block_m: int = 32
     dwdb_block_n: int = 128
     dwdb_programs_per_sm: int = 4
@@ -58,8 +63,8 @@ def _clamp(v: int, lo: int, hi: int) -> int:
 def fwd_policy(m: int, n: int, sms: int, t: NormTuning) -> NormLaunch:
     block = _pow2(n)
     if block > t.max_block_fwd:
-        chunk = min(t.looped_block, block)
-        return NormLaunch(True, chunk, 1, t.looped_warps, m)
+        chunk = min(t.looped_block_fwd, block)
+        return NormLaunch(True, chunk, 1, t.looped_warps_fwd, min(m, t.looped_programs_per_sm * sms))
     # rows per program never depend on m: a row's reduction order is then the same in any batch
     # (batch invariance); a short batch only leaves some rows of one program masked
     rows = _clamp(t.fwd_tile // block, 1, 64)
