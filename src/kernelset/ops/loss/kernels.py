@@ -29,7 +29,8 @@ def _softcapped(x, softcap, SOFTCAP: tl.constexpr):
 
 @triton.jit
 def _ce_fwd_kernel(X, T, LOSS, LSE, DX, SCALE, M, V, stride_x, stride_dx, ignore_index, smoothing, z_loss, softcap,
-                   SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr, HAS_GRAD: tl.constexpr, BLOCK: tl.constexpr):
+                   SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr, HAS_GRAD: tl.constexpr, BLOCK: tl.constexpr,
+                   STREAM_STORE: tl.constexpr):
     cols0 = tl.arange(0, BLOCK)
     n_chunks = tl.cdiv(V, BLOCK)
     for row in range(tl.program_id(0), M, tl.num_programs(0)):
@@ -83,7 +84,10 @@ def _ce_fwd_kernel(X, T, LOSS, LSE, DX, SCALE, M, V, stride_x, stride_dx, ignore
                 if SOFTCAP:
                     zc = z / softcap
                     g = g * (1.0 - zc * zc)
-                tl.store(dx_row + cols, g.to(DX.dtype.element_ty), mask=cm)
+                if STREAM_STORE:  # keep the gradient from evicting the logits pass 2 still reads
+                    tl.store(dx_row + cols, g.to(DX.dtype.element_ty), mask=cm, cache_modifier=".cs")
+                else:
+                    tl.store(dx_row + cols, g.to(DX.dtype.element_ty), mask=cm)
 
 
 @triton.jit

@@ -24,6 +24,7 @@ class CETuning:
     programs_per_sm: int = 4  # persistent grid with a gradient: rows in flight per SM
     block_fwd: int = 16384  # forward only (no gradient): one program per row
     num_warps_fwd: int = 8
+    stream_store: bool = False  # gradient stores marked streaming (.cs)
     scale_block: int = 4096
 
 
@@ -55,7 +56,7 @@ def ce_fwd(logits, target, ignore_index, smoothing, z_loss, softcap, reduction, 
         grid = min(m, t.programs_per_sm * sm_count(logits.device)) if need_grad else m
         _fwd((grid,), logits, target, loss, lse, dx, scale, m, v, row_stride(logits), v, ignore_index, smoothing,
              z_loss, softcap or 0.0, SOFTCAP=bool(softcap), SMOOTH=smoothing > 0.0, HAS_GRAD=need_grad, BLOCK=block,
-             num_warps=warps)
+             STREAM_STORE=t.stream_store, num_warps=warps)
     if reduction == "none":
         return loss, dx
     total = loss.sum()
