@@ -24,7 +24,7 @@ class CETuning:
     programs_per_sm: int = 4  # persistent grid with a gradient: rows in flight per SM
     block_fwd: int = 16384  # forward only (no gradient): one program per row
     num_warps_fwd: int = 8
-    stream_store: bool = False  # gradient stores marked streaming (.cs)
+    stream_store: bool = True  # gradient stores marked streaming (.cs): 59.5% vs 58.9% on H100
     scale_block: int = 4096
 
 
