@@ -148,9 +148,10 @@ def _norm_fwd_looped_kernel(X, R, W, B, Y, H, MEAN, RSTD, M, N, stride_x, stride
 def _norm_bwd_kernel(DY, X, W, MEAN, RSTD, DRES, DX, DW_PART, DB_PART, M, N, stride_dy, stride_x, stride_dres,
                      stride_dx, offset, IS_RMS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
                      HAS_DRES: tl.constexpr, GEMMA_CAST: tl.constexpr, ROWS: tl.constexpr,
-                     BLOCK_N: tl.constexpr):
+                     BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr):
     # Persistent: each program walks row blocks pid, pid + nprog, ... and keeps its share of
-    # dw/db in registers; the launcher sums the [nprog, N] partials.
+    # dw/db in registers; the launcher sums the [nprog, N] partials. PREFETCH loads the next
+    # block's x and dy while this one is computed (software pipelining by hand).
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
@@ -160,12 +161,25 @@ def _norm_bwd_kernel(DY, X, W, MEAN, RSTD, DRES, DX, DW_PART, DB_PART, M, N, str
     dw_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
     db_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
     n_blocks = tl.cdiv(M, ROWS)
+    if PREFETCH:
+        nrows = (pid * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+        nmask = (nrows < M)[:, None] & cmask[None, :]
+        x_next = tl.load(X + nrows[:, None] * stride_x + cols[None, :], mask=nmask, other=0.0)
+        dy_next = tl.load(DY + nrows[:, None] * stride_dy + cols[None, :], mask=nmask, other=0.0)
     for blk in range(pid, n_blocks, nprog):
         rows = (blk * ROWS + tl.arange(0, ROWS)).to(tl.int64)  # blk * ROWS < M fits int32
         rmask = rows < M
         mask = rmask[:, None] & cmask[None, :]
-        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if PREFETCH:
+            x = x_next.to(tl.float32)
+            dy = dy_next.to(tl.float32)
+            nrows = rows + nprog * ROWS
+            nmask = (nrows < M)[:, None] & cmask[None, :]
+            x_next = tl.load(X + nrows[:, None] * stride_x + cols[None, :], mask=nmask, other=0.0)
+            dy_next = tl.load(DY + nrows[:, None] * stride_dy + cols[None, :], mask=nmask, other=0.0)
+        else:
+            x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         rstd = tl.load(RSTD + rows, mask=rmask, other=0.0)
         if IS_RMS:
             xhat = x * rstd[:, None]

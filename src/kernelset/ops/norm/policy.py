@@ -22,6 +22,7 @@ class NormTuning:
     bwd_elems_per_thread: int = 8
     bwd_threads_per_sm: int = 1024  # persistent backward grid: SMs * this / threads per program (registers
     # allow 1-2 programs of 16 warps per SM; more only adds waves and partial-sum rows)
+    bwd_prefetch: bool = True  # block backward: next rows' loads in flight during this block's math
     looped_block: int = 8192  # chunk of the looped backward (rows wider than max_block_bwd)
     looped_warps: int = 16
     # looped forward (rows wider than max_block_fwd): persistent grid, rows in flight per SM
