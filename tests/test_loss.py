@@ -92,6 +92,15 @@ def test_matches_torch(backend, device):
 
 
 @pytest.mark.parametrize("backend", [str(i.backend) for i in impls("cross_entropy")])
+def test_strided_target(backend, device):
+    """A target that is a strided view (labels[::2]) is read element by element, not as if dense."""
+    x = torch.randn(6, 50, device=device)
+    labels = torch.randint(0, 50, (12,), device=device)
+    got = ks.cross_entropy(x, labels[::2], reduction="none", backend=backend)
+    assert rel_err(got, F.cross_entropy(x, labels[::2], reduction="none")) < 1e-6
+
+
+@pytest.mark.parametrize("backend", [str(i.backend) for i in impls("cross_entropy")])
 def test_all_ignored_gives_zero_not_nan(backend, device):
     x = torch.randn(4, 50, device=device, requires_grad=True)
     t = torch.full((4,), -100, device=device)

@@ -391,7 +391,7 @@ def test_explain_and_catalog(device):
     exp = ks.explain("paged_attention", torch.randn(1, 2, 64, device=device), kc, vc, table, seq_lens, verbose=False)
     assert exp.chosen is not None and str(exp.candidates[-1].backend) == "reference"
     names = {e.name for e in ks.catalog() if e.spec.family == "attention"}
-    assert names == {"paged_attention", "merge_attn_states"}
+    assert {"paged_attention", "merge_attn_states"} <= names  # the dense prefill ops are in the family too
 
 
 def test_reference_dense_batched_matches_loop():

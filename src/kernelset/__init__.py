@@ -14,6 +14,7 @@ from .core.registry import catalog
 from .ops.activation import GeluApprox, gelu, gelu_and_mul, silu_and_mul, swiglu, swiglu_oai
 from .ops.embedding import embedding
 from .ops.loss import Reduction, cross_entropy
+from .ops.loss import linear_cross_entropy
 from .ops.norm import AddNormOutput, NormCast, fused_add_rms_norm, layer_norm, rms_norm
 from .ops.rope import (QKNormCast, RopeCache, RotaryOutput, RotatedQK, apply_rotary, mrope, qk_norm_rope,
                        rope_cache, rotary_embedding)
@@ -21,6 +22,7 @@ from .ops.softmax import log_softmax, softmax
 from .ops import optim
 from .ops.optim import clip_grad_norm_
 from .ops.attention import AttentionOutput, merge_attn_states, paged_attention
+from .ops.attention import AttnBackend, flash_attention, flash_attention_varlen
 from .ops.kvcache import copy_blocks, reshape_and_cache, swap_blocks
 
 __version__ = "0.1.0"
@@ -31,6 +33,16 @@ __all__ = [
     "cross_entropy", "embedding", "fused_add_rms_norm", "gelu", "gelu_and_mul", "layer_norm", "log_softmax", "rms_norm", "rotary_embedding", "silu_and_mul", "softmax",
     "mrope", "qk_norm_rope", "rope_cache", "QKNormCast", "RopeCache",
     "swiglu", "swiglu_oai",
+    "linear_cross_entropy",
     "optim", "clip_grad_norm_",
     "AttentionOutput", "merge_attn_states", "paged_attention", "copy_blocks", "reshape_and_cache", "swap_blocks",
+    "AttnBackend", "flash_attention", "flash_attention_varlen",
 ]
+
+
+def __getattr__(name: str):
+    # ks.hf (HuggingFace integration) is imported on first use, so `import kernelset` never imports transformers
+    if name == "hf":
+        import importlib
+        return importlib.import_module(".hf", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -32,7 +32,8 @@ class Measurement:
     impl: str
     ms: float | None = None
     gbs: float | None = None
-    pct: float | None = None  # % of the ceiling
+    pct: float | None = None  # % of the case's ceiling (copy bandwidth, or bf16 matmul when compute-bound)
+    tflops: float | None = None  # when the op declares FLOPs
     correct: bool = False
     error: float | None = None  # worst rel err over outputs
     note: str = ""
@@ -49,6 +50,7 @@ class CaseResult:
     bar_pct: float | None
     sweep: bool
     results: list[Measurement]
+    ceiling: str = "copy"  # what pct is a share of: "copy" (memory-bound) or "matmul" (compute-bound)
 
     def ours(self) -> Measurement | None:
         return next((r for r in self.results if r.impl == OURS), None)
@@ -87,9 +89,14 @@ def _check(outs, refs, names, tol_class, dtype, mode) -> tuple[bool, float, str]
 
 
 def run_case(spec: registry.OpSpec, case: registry.BenchCase, device: torch.device, copy_gbs: float,
-             backend: str = "auto", peers: bool = True) -> CaseResult:
+             backend: str = "auto", peers: bool = True, matmul_tflops: float | None = None) -> CaseResult:
+    """Check and time one case. A case whose FLOPs per byte exceed the machine's balance point
+    (matmul rate / copy bandwidth) is compute-bound: its pct is then a share of the bf16 matmul
+    rate, else of the copy bandwidth."""
     adapter = adapter_for(spec)
     cost = spec.cost(case.shape, case.dtype, case.mode)
+    balance = matmul_tflops * 1e3 / copy_gbs if matmul_tflops else None  # FLOPs per byte
+    compute_bound = bool(balance and cost.flops and cost.flops / max(cost.bytes, 1) > balance)
     inputs = adapter.inputs(case.shape, case.dtype, device, case.mode)
     refs = adapter.reference(inputs, case.mode)
     names = inputs["names"]
@@ -112,7 +119,8 @@ def run_case(spec: registry.OpSpec, case: registry.BenchCase, device: torch.devi
             if m.correct:
                 m.ms = timing.cuda_time_ms(run)
                 m.gbs = cost.bytes / m.ms / 1e6
-                m.pct = 100.0 * m.gbs / copy_gbs
+                m.tflops = cost.flops / m.ms / 1e9 if cost.flops else None
+                m.pct = 100.0 * (m.tflops / matmul_tflops if compute_bound else m.gbs / copy_gbs)
         except Exception as exc:  # a peer that crashes is reported, not fatal
             m.note = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
         results.append(m)
@@ -121,7 +129,7 @@ def run_case(spec: registry.OpSpec, case: registry.BenchCase, device: torch.devi
     del inputs, refs
     torch.cuda.empty_cache()
     return CaseResult(spec.name, case.shape, case.mode, str(case.dtype).replace("torch.", ""), cost.bytes,
-                      cost.model, case.bar_pct, case.sweep, results)
+                      cost.model, case.bar_pct, case.sweep, results, "matmul" if compute_bound else "copy")
 
 
 def select_cases(ops: Iterable[str] | None, *, sweep: bool = True) -> list[tuple[registry.OpSpec, registry.BenchCase]]:

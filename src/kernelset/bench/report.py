@@ -10,7 +10,8 @@ def _fmt(v: float | None, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-HEADER = f"{'op':<20} {'shape':<13} {'mode':<8} {'impl':<16} {'ms':>8} {'GB/s':>7} {'%copy':>6} {'vs best':>8}  note"
+HEADER = (f"{'op':<20} {'shape':<13} {'mode':<8} {'impl':<16} {'ms':>8} {'GB/s':>7} {'%ceil':>6} {'vs best':>8}  note "
+          "(%ceil: of copy bandwidth, or of the bf16 matmul rate where marked)")
 
 
 def case_rows(c: CaseResult) -> list[str]:
@@ -29,6 +30,8 @@ def case_rows(c: CaseResult) -> list[str]:
             note = (f"bar {c.bar_pct:.0f}% " + ("met" if c.bar_met() else "NOT met") + (f"; {note}" if note else ""))
         if not r.correct and r.ms is None and not note:
             note = "not run"
+        if r.tflops is not None and c.ceiling == "matmul":
+            note = f"{r.tflops:.0f} TFLOP/s, % of matmul" + (f"; {note}" if note else "")
         lines.append(f"{c.op:<20} {shape:<13} {c.mode:<8} {r.impl:<16} {_fmt(r.ms, '8.3f')} "
                      f"{_fmt(r.gbs, '7.0f')} {_fmt(r.pct, '6.1f')} {vs:>8}  {note}")
     return lines

@@ -17,19 +17,22 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ...core import checks, dispatch
+from ...core import checks, config, dispatch, registry
+from ...core.autograd import AutogradSpec, EagerAutograd, needs_grad
 from ...core.enums import AUTO, Backend
-from ...core.errors import ArgumentError
+from ...core.errors import ArgumentError, UnsupportedError
+from ...core.registry import Impl
 from ..kvcache.api import check_cache, check_scale
 from ..kvcache.reference import FP8
 from . import backends  # noqa: F401  (declares the ops and registers their implementations)
+from .backends import AttnBackend
 
 _HALF = (torch.float16, torch.bfloat16)
 
 
 class AttentionOutput(NamedTuple):
-    out: torch.Tensor  # like q
-    lse: torch.Tensor  # [T, Hq] fp32, natural log of the softmax denominator
+    out: torch.Tensor  # like q (head size Dv)
+    lse: torch.Tensor  # fp32, natural log of the softmax denominator: [T, Hq] paged, [B, Hq, S] dense, [Hq, T] varlen
 
 
 def _hot_path(t: torch.Tensor) -> bool:
@@ -229,3 +232,234 @@ def _merge_op(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse
 @_merge_op.register_fake
 def _(out_a, lse_a, out_b, lse_b, backend):
     return out_a.new_empty(out_a.shape), out_a.new_empty(out_a.shape[:2], dtype=torch.float32)
+
+
+# ---- dense / varlen prefill --------------------------------------------------------------------
+
+
+def _check_qkv(op: str, q, k, v, ndim: int, layout: str) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        checks.tensor(op, name, t, min_ndim=ndim)
+        if t.dim() != ndim:
+            raise ArgumentError(op, name, f"{ndim}-D {layout}", f"shape {tuple(t.shape)}")
+        if t.stride(-1) != 1 and t.shape[-1] > 1:
+            raise ArgumentError(op, name, "unit-stride in its last dim (head size)", f"strides {t.stride()}")
+    for name, t in (("k", k), ("v", v)):
+        checks.same_dtype(op, name, t, "q", q)
+        checks.same_device(op, name, t, "q", q)
+    if tuple(v.shape[:-1]) != tuple(k.shape[:-1]):
+        raise ArgumentError(op, "v", f"of k's shape {tuple(k.shape[:-1])} up to the head size", f"shape {tuple(v.shape)}")
+    if k.shape[-1] != q.shape[-1]:
+        raise ArgumentError(op, "k", f"of q's head size {q.shape[-1]}", f"shape {tuple(k.shape)}")
+    hq, hkv = q.shape[-2], k.shape[-2]
+    if hkv == 0 or hq % hkv:
+        raise ArgumentError(op, "q", f"a multiple of k's {hkv} KV heads in query heads", f"{hq} heads")
+    if q.shape[-1] == 0 or v.shape[-1] == 0:
+        raise ArgumentError(op, "q", "head sizes >= 1", f"q {tuple(q.shape)}, v {tuple(v.shape)}")
+
+
+def _options(op: str, q, scale, softcap, window, sinks):
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else checks.positive(op, "scale", scale)
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not 0 <= softcap < math.inf:
+        raise ArgumentError(op, "softcap", "a finite number >= 0 (0: off)", repr(softcap))
+    left, right = _window(op, window)
+    if sinks is not None:
+        checks.tensor(op, "sinks", sinks)
+        checks.shape(op, "sinks", sinks, (q.shape[-2],), "one logit per query head")
+        checks.same_device(op, "sinks", sinks, "q", q)
+    return float(scale), float(softcap), left, right
+
+
+def _request(op: str, backend: Backend | str) -> str:
+    """'auto', or the named backend's value (a core Backend or one of AttnBackend's SDPA names)."""
+    if isinstance(backend, str) and not isinstance(backend, Backend) and backend.strip().lower() == AUTO:
+        return AUTO
+    if isinstance(backend, (Backend, AttnBackend)):
+        return str(backend)
+    try:
+        return str(AttnBackend.parse(backend))
+    except ValueError:
+        pass
+    try:
+        return str(Backend.parse(backend))
+    except ValueError:
+        valid = ", ".join([AUTO] + [b.value for b in Backend] + [b.value for b in AttnBackend])
+        raise ValueError(f"{op}: argument 'backend' must be one of {valid}, got {backend!r}") from None
+
+
+_family_cache: dict[tuple, Impl] = {}
+config.on_change(_family_cache.clear)
+
+
+def _select(op: str, backend: str, args: tuple, kw: dict, backward: bool = False) -> Impl:
+    """dispatch.select, plus requests for SDPA's backends (which core's Backend enum cannot name):
+    those run or raise UnsupportedError with the reason, as any named backend."""
+    kw = {**kw, "request": backend}
+    if backend not in _SDPA_NAMES:
+        return dispatch.select(op, backend, args, kw, backward=backward)
+    spec = registry.op(op)
+    ck = (op, backend, backward, spec.key(*args, **kw))
+    impl = _family_cache.get(ck)
+    if impl is None:
+        impl = next((i for i in registry.impls(op) if str(i.backend) == backend), None)
+        if impl is None:
+            have = ", ".join(str(i.backend) for i in registry.impls(op))
+            raise UnsupportedError(op, backend, f"no such implementation (have: {have})")
+        reason = dispatch.rejection(impl, spec.problem(*args, **kw), backward=backward)
+        if reason:
+            raise UnsupportedError(op, backend, reason)
+        _family_cache[ck] = impl
+    return impl
+
+
+_SDPA_NAMES = frozenset(str(b) for b in AttnBackend)
+
+
+def _run(op, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, left, right, softcap, sinks, return_lse, backend):
+    need_lse = bool(return_lse) or needs_grad(q, k, v, sinks)
+    args = (q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, left, right, softcap, sinks, need_lse, op, backend)
+    if torch.compiler.is_compiling():
+        out, lse = torch.ops.kernelset.flash_attention(*args)
+    elif needs_grad(q, k, v, sinks):
+        out, lse = EagerAutograd.apply(_FLASH, *args)
+    else:
+        out, lse = _flash_fwd(*args)
+    return AttentionOutput(out, lse) if return_lse else out
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                    scale: float | None = None, window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                    sinks: torch.Tensor | None = None, return_lse: bool = False,
+                    backend: Backend | str = AUTO) -> torch.Tensor | AttentionOutput:
+    """out = softmax(scale * q K^T) V per batch and head (FlashAttention's interface), fp32 accumulation.
+
+    q ``[B, Sq, Hq, D]``, k ``[B, Sk, Hkv, D]``, v ``[B, Sk, Hkv, Dv]`` (Dv may differ: MLA prefill
+    192/128); any strides with a unit-stride last dim. GQA/MQA when Hq is a multiple of Hkv.
+    ``causal``: bottom-right aligned (query i sits at position Sk - Sq + i); ``window=(left,
+    right)``: keys p - left <= j <= p + right (-1 unbounded); ``softcap``: s = softcap tanh(s /
+    softcap); ``sinks [Hq]``: a logit per head in the denominator (gpt-oss). A row with no
+    visible key gets out 0 and lse -inf (the sink's logit with sinks). Differentiable in q, k, v
+    and sinks. Returns out ``[B, Sq, Hq, Dv]``, or with ``return_lse`` (out, lse ``[B, Hq, Sq]``
+    fp32, natural log; FlashAttention's layout).
+    """
+    op = "flash_attention"
+    _check_qkv(op, q, k, v, 4, "[B, S, H, D]")
+    if k.shape[0] != q.shape[0]:
+        raise ArgumentError(op, "k", f"of q's batch size {q.shape[0]}", f"shape {tuple(k.shape)}")
+    scale, softcap, left, right = _options(op, q, scale, softcap, window, sinks)
+    return _run(op, q, k, v, None, None, q.shape[1], k.shape[1], bool(causal), scale, left, right, softcap, sinks,
+                return_lse, _request(op, backend))
+
+
+def _check_cu(op, cu_q, cu_k, max_q, max_k, q, k, check_bounds):
+    for name, cu in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
+        checks.tensor(op, name, cu, dtypes=(torch.int32,))
+        if cu.dim() != 1 or cu.shape[0] < 1:
+            raise ArgumentError(op, name, "1-D [B + 1] int32 offsets", f"shape {tuple(cu.shape)}")
+        checks.same_device(op, name, cu, "q", q)
+    checks.shape(op, "cu_seqlens_k", cu_k, tuple(cu_q.shape), "as many offsets as cu_seqlens_q")
+    for name, m in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise ArgumentError(op, name, "an int >= 0", repr(m))
+    if not check_bounds or cu_q.shape[0] == 1 or _hot_path(q):
+        return
+    stats = []
+    for cu in (cu_q, cu_k):
+        c = cu.long()
+        n = c[1:] - c[:-1]
+        stats += [c[0], c[-1], n.min(), n.max()]
+    q0, q1, qmin, qmax, k0, k1, kmin, kmax = torch.stack(stats).tolist()  # one host sync
+    for name, c0, c1, nmin, total in (("cu_seqlens_q", q0, q1, qmin, q.shape[0]),
+                                      ("cu_seqlens_k", k0, k1, kmin, k.shape[0])):
+        if c0 != 0 or c1 > total or nmin < 0:
+            raise ArgumentError(op, name, f"non-decreasing from 0 to at most {total} (the packed tokens)",
+                                f"first {c0}, last {c1}, smallest step {nmin}")
+    if qmax > max_q:
+        raise ArgumentError(op, "max_seqlen_q", f">= the longest query sequence ({qmax})", max_q)
+    if kmax > max_k:
+        raise ArgumentError(op, "max_seqlen_k", f">= the longest key sequence ({kmax})", max_k)
+
+
+def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                           cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
+                           scale: float | None = None, window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                           sinks: torch.Tensor | None = None, return_lse: bool = False, check_bounds: bool = True,
+                           backend: Backend | str = AUTO) -> torch.Tensor | AttentionOutput:
+    """flash_attention over packed sequences (FlashAttention's varlen interface).
+
+    q ``[T, Hq, D]``, k ``[Tk, Hkv, D]``, v ``[Tk, Hkv, Dv]``; sequence b owns query rows
+    cu_seqlens_q[b]:cu_seqlens_q[b+1] and key rows cu_seqlens_k[b]:cu_seqlens_k[b+1] (``[B + 1]``
+    int32); ``max_seqlen_*`` bound the lengths (they size the launch: no host sync). Options as
+    :func:`flash_attention`, causal bottom-right aligned per sequence; an empty sequence is
+    skipped. ``check_bounds`` (one host sync; skipped under CUDA-graph capture and torch.compile)
+    checks the offsets against T, Tk and the max lengths: offsets past the tensors would read out of
+    bounds. Returns out ``[T, Hq, Dv]``, or (out, lse ``[Hq, T]`` fp32) with ``return_lse``.
+    """
+    op = "flash_attention_varlen"
+    _check_qkv(op, q, k, v, 3, "[T, H, D]")
+    _check_cu(op, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k, check_bounds)
+    scale, softcap, left, right = _options(op, q, scale, softcap, window, sinks)
+    return _run(op, q, k, v, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max_seqlen_q, max_seqlen_k,
+                bool(causal), scale, left, right, softcap, sinks, return_lse, _request(op, backend))
+
+
+def _kw(causal, left, right, softcap, sinks, need_lse, max_q, max_k):
+    return dict(causal=causal, window=(left, right), softcap=softcap, sinks=sinks, need_lse=need_lse,
+                max_seqlen_q=max_q, max_seqlen_k=max_k)
+
+
+def _flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: Optional[torch.Tensor],
+               cu_k: Optional[torch.Tensor], max_q: int, max_k: int, causal: bool, scale: float, left: int, right: int,
+               softcap: float, sinks: Optional[torch.Tensor], need_lse: bool, op: str,
+               backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    impl = _select(op, backend, (q, k, v, cu_q, cu_k), _kw(causal, left, right, softcap, sinks, need_lse, max_q, max_k))
+    return impl.forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, (left, right), softcap, sinks, need_lse)
+
+
+_flash_op = torch.library.custom_op("kernelset::flash_attention", mutates_args=())(_flash_fwd)
+
+
+@_flash_op.register_fake
+def _(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, left, right, softcap, sinks, need_lse, op, backend):
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    lse_shape = (q.shape[1], q.shape[0]) if cu_q is not None else (q.shape[0], q.shape[2], q.shape[1])
+    return out, q.new_empty(lse_shape, dtype=torch.float32)
+
+
+def _flash_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+               lse: torch.Tensor, cu_q: Optional[torch.Tensor], cu_k: Optional[torch.Tensor], max_q: int, max_k: int,
+               causal: bool, scale: float, left: int, right: int, softcap: float, sinks: Optional[torch.Tensor],
+               op: str, backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    impl = _select(op, backend, (q, k, v, cu_q, cu_k), _kw(causal, left, right, softcap, sinks, True, max_q, max_k),
+                   backward=True)
+    dq, dk, dv, ds = impl.backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, (left, right),
+                                   softcap, sinks)
+    return dq, dk, dv, (ds.to(sinks.dtype) if ds is not None else q.new_empty(0))
+
+
+_flash_bwd_op = torch.library.custom_op("kernelset::flash_attention_backward", mutates_args=())(_flash_bwd)
+
+
+@_flash_bwd_op.register_fake
+def _(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, left, right, softcap, sinks, op, backend):
+    ds = sinks.new_empty(sinks.shape) if sinks is not None else q.new_empty(0)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), ds
+
+
+def _flash_setup(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, left, right, softcap, sinks, need_lse, op, backend = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], cu_q, cu_k, sinks)
+    ctx.opts = (max_q, max_k, causal, scale, left, right, softcap)
+    ctx.tail = (op, backend)
+
+
+def _flash_backward(ctx, dout, dlse):
+    q, k, v, out, lse, cu_q, cu_k, sinks = ctx.saved_tensors
+    bwd = _flash_bwd if getattr(ctx, "eager", False) else torch.ops.kernelset.flash_attention_backward
+    dq, dk, dv, ds = bwd(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts, sinks, *ctx.tail)
+    return (dq, dk, dv, None, None, None, None, None, None, None, None, None,
+            ds if sinks is not None else None, None, None, None)
+
+
+_flash_op.register_autograd(_flash_backward, setup_context=_flash_setup)
+_FLASH = AutogradSpec(_flash_fwd, _flash_setup, _flash_backward)

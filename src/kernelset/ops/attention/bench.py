@@ -1,5 +1,10 @@
 """Benchmark adapters of the attention ops.
 
+flash_attention shape: (batch, seq, Hq, Hkv, D, causal 0/1), Sq = Sk; peers: SDPA pinned to each of its
+cuDNN / flash / efficient backends (``sdpa_kernel``) and flash_attn's ``flash_attn_func``, forward or
+forward + backward through autograd; the fp32 reference runs one (batch, KV head) at a time.
+flash_attention_varlen: B packed sequences of lengths in [S/4, S]; peer flash_attn_varlen_func.
+
 paged_attention shape: (batch, context, Hq, Hkv, D, block_size, cache bits), decode (one query
 token per sequence, every sequence ``context`` long). The caches hold exactly the batch's blocks
 (plus one), handed out in a random permutation: the scattered layout of a serving engine after a
@@ -13,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...bench.adapter import BenchAdapter, compiled
+from ...bench.adapter import BenchAdapter, compiled, runner
 from ..kvcache.reference import FP8, dequantize, quantize
 from . import api
 from . import reference as R
@@ -119,6 +124,117 @@ def _margs(inp):
     return inp["oa"], inp["la"], inp["ob"], inp["lb"]
 
 
+# ---- flash_attention: shape (batch, seq, Hq, Hkv, D, causal 0/1), Sq = Sk -------------------------
+
+
+def _flash_inputs(shape, dtype, device, mode):
+    if len(shape) == 2:  # (batch, anything) from ksctl verify/explain: a small causal GQA prefill
+        shape = (min(shape[0], 2), 77, 4, 2, 64, 1)
+    b, s, hq, hkv, d, causal = shape
+    grad = mode != "fwd"
+    q = torch.randn(b, s, hq, d, device=device, dtype=dtype, requires_grad=grad)
+    k = torch.randn(b, s, hkv, d, device=device, dtype=dtype, requires_grad=grad)
+    v = torch.randn(b, s, hkv, d, device=device, dtype=dtype, requires_grad=grad)
+    inp = {"q": q, "k": k, "v": v, "causal": bool(causal), "names": ("out",) if not grad else ("out", "dq", "dk", "dv")}
+    if grad:
+        inp["wrt"] = (q, k, v)
+        inp["cot"] = (torch.randn(b, s, hq, d, device=device, dtype=dtype),)
+    return inp
+
+
+def _sdpa_peer(inp, mode, which):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q, k, v, causal = inp["q"], inp["k"], inp["v"], inp["causal"]
+    gqa = {"enable_gqa": True} if q.shape[2] != k.shape[2] else {}
+    backend = getattr(SDPBackend, which)
+
+    def fn():
+        with sdpa_kernel([backend]):
+            return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                  is_causal=causal, **gqa).transpose(1, 2)
+    return runner(fn, inp, mode)
+
+
+def _flash_peers(inp, mode):
+    peers: dict = {}
+    for name, which in (("sdpa-cudnn", "CUDNN_ATTENTION"), ("sdpa-flash", "FLASH_ATTENTION"),
+                        ("sdpa-efficient", "EFFICIENT_ATTENTION")):
+        peers[name] = _sdpa_peer(inp, mode, which)
+    try:
+        from flash_attn import flash_attn_func
+        peers["flash_attn"] = runner(lambda: flash_attn_func(inp["q"], inp["k"], inp["v"], causal=inp["causal"]),
+                                     inp, mode)
+    except Exception as exc:
+        peers["flash_attn"] = f"flash_attn not importable ({type(exc).__name__})"
+    return peers
+
+
+def _flash_reference(inp, mode):
+    """fp32 reference one (batch, KV head) group at a time: S x S fp32 scores of every head at once
+    would not fit at S = 16384."""
+    q, k, v, causal = inp["q"], inp["k"], inp["v"], inp["causal"]
+    b, s, hq, d = q.shape
+    hkv = k.shape[2]
+    g = hq // hkv
+    out = torch.empty(b, s, hq, d, device=q.device)
+    grads = [torch.empty(t.shape, device=q.device) for t in (q, k, v)] if mode != "fwd" else None
+    for i in range(b):
+        for h in range(hkv):
+            hs = slice(h * g, (h + 1) * g)
+            with torch.enable_grad():
+                qi = q[i:i + 1, :, hs].detach().float().requires_grad_(mode != "fwd")
+                ki = k[i:i + 1, :, h:h + 1].detach().float().requires_grad_(mode != "fwd")
+                vi = v[i:i + 1, :, h:h + 1].detach().float().requires_grad_(mode != "fwd")
+                o, _ = R.attention(qi, ki, vi, causal=causal)
+                out[i:i + 1, :, hs] = o.detach()
+                if grads is not None:
+                    dq, dk, dv = torch.autograd.grad(o, (qi, ki, vi), inp["cot"][0][i:i + 1, :, hs].float())
+                    grads[0][i:i + 1, :, hs], grads[1][i:i + 1, :, h:h + 1] = dq, dk
+                    grads[2][i:i + 1, :, h:h + 1] = dv
+    return (out,) if grads is None else (out, *grads)
+
+
+def _flash_ours(inp, mode, backend):
+    q, k, v, causal = inp["q"], inp["k"], inp["v"], inp["causal"]
+    return runner(lambda: api.flash_attention(q, k, v, causal=causal, backend=backend), inp, mode)
+
+
+def _varlen_inputs(shape, dtype, device, mode):
+    """Packed: B sequences of lengths spread over [S/4, S] (fixed seed), k/v packed alike."""
+    if len(shape) == 2:
+        shape = (min(shape[0], 3), 77, 4, 2, 64, 1)
+    b, s, hq, hkv, d, causal = shape
+    gen = torch.Generator().manual_seed(0)
+    lens = torch.randint(max(1, s // 4), s + 1, (b,), generator=gen)
+    cu = torch.zeros(b + 1, dtype=torch.int32)
+    cu[1:] = lens.cumsum(0)
+    t = int(cu[-1])
+    q = torch.randn(t, hq, d, device=device, dtype=dtype)
+    k = torch.randn(t, hkv, d, device=device, dtype=dtype)
+    v = torch.randn(t, hkv, d, device=device, dtype=dtype)
+    return {"q": q, "k": k, "v": v, "cu": cu.to(device), "max": int(lens.max()), "causal": bool(causal),
+            "names": ("out",)}
+
+
+def _varlen_peers(inp, mode):
+    q, k, v, cu, m, causal = inp["q"], inp["k"], inp["v"], inp["cu"], inp["max"], inp["causal"]
+    try:
+        from flash_attn import flash_attn_varlen_func
+        return {"flash_attn": lambda: (flash_attn_varlen_func(q, k, v, cu, cu, m, m, causal=causal),)}
+    except Exception as exc:
+        return {"flash_attn": f"flash_attn not importable ({type(exc).__name__})"}
+
+
+def _varlen_reference(inp, mode):
+    """Per sequence and KV head, fp32 (bounded memory)."""
+    q, k, v, cu = inp["q"], inp["k"], inp["v"], inp["cu"].tolist()
+    out = torch.empty(q.shape, device=q.device)
+    for i in range(len(cu) - 1):
+        rows = slice(cu[i], cu[i + 1])
+        out[rows] = R.attention(q[rows], k[rows], v[rows], causal=inp["causal"])[0]
+    return (out,)
+
+
 ADAPTERS = {
     "paged_attention": BenchAdapter(
         inputs=_inputs, ours=_ours, peers=_peers, reference=_reference,
@@ -131,5 +247,17 @@ ADAPTERS = {
                                  "torch.compile": lambda: compiled(_merge_eager)(*_margs(inp))},
         reference=lambda inp, mode: R.merge_attn_states(*_margs(inp)),
         args=_margs,
+    ),
+    "flash_attention": BenchAdapter(
+        inputs=_flash_inputs, ours=_flash_ours, peers=_flash_peers, reference=_flash_reference,
+        args=lambda inp: (inp["q"], inp["k"], inp["v"]),
+    ),
+    "flash_attention_varlen": BenchAdapter(
+        inputs=_varlen_inputs,
+        ours=lambda inp, mode, backend: lambda: (api.flash_attention_varlen(
+            inp["q"], inp["k"], inp["v"], inp["cu"], inp["cu"], inp["max"], inp["max"], causal=inp["causal"],
+            check_bounds=False, backend=backend),),
+        peers=_varlen_peers, reference=_varlen_reference,
+        args=lambda inp: (inp["q"], inp["k"], inp["v"], inp["cu"], inp["cu"]),
     ),
 }

@@ -1,4 +1,4 @@
-"""Launch policy and launchers of the attention kernels.
+"""Launch policy and launchers of the attention kernels (paged decode, merge, dense/varlen prefill).
 
 The split count (flash-decoding) depends only on host integers (batch, heads, max_seqlen_q,
 max_seq_len and the SM count), never on device data: the same call is capturable in a CUDA
@@ -16,7 +16,9 @@ from ...core import config
 from ...core.alloc import empty
 from ...core.tuning import TuningStack
 from ..triton_launch import FastKernel
-from .kernels import _merge_attn_states_kernel, _paged_attn_fwd_kernel, _paged_attn_reduce_kernel
+from .kernels import (_flash_attn_bwd_dkdv_kernel, _flash_attn_bwd_dq_kernel, _flash_attn_bwd_pre_kernel,
+                      _flash_attn_fwd_kernel, _merge_attn_states_kernel, _paged_attn_fwd_kernel,
+                      _paged_attn_reduce_kernel)
 
 _fwd = FastKernel(_paged_attn_fwd_kernel)
 _reduce = FastKernel(_paged_attn_reduce_kernel)
@@ -144,3 +146,169 @@ def merge_attn_states(out_a, lse_a, out_b, lse_b):
            out_b.stride(0), out_b.stride(1), lse_a.stride(0), lse_a.stride(1), lse_b.stride(0), lse_b.stride(1),
            D=d, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4)
     return out, lse
+
+
+# ---- dense / varlen prefill --------------------------------------------------------------------
+
+_flash_fwd = FastKernel(_flash_attn_fwd_kernel)
+_flash_pre = FastKernel(_flash_attn_bwd_pre_kernel)
+_flash_dkdv = FastKernel(_flash_attn_bwd_dkdv_kernel)
+_flash_dq = FastKernel(_flash_attn_bwd_dq_kernel)
+
+
+@dataclasses.dataclass(frozen=True)
+class FlashLaunch:
+    """Tiles of the prefill kernels: forward (block_m query rows x block_n keys per step), dK/dV
+    (block_n keys per program, block_m query rows per step) and dQ (as the forward)."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    dkdv_m: int
+    dkdv_n: int
+    dkdv_warps: int
+    dkdv_stages: int
+    dq_m: int
+    dq_n: int
+    dq_warps: int
+    dq_stages: int
+
+
+@dataclasses.dataclass(frozen=True)
+class FlashTuning:
+    """Forces a whole FlashLaunch (tests: 16-row tiles so small shapes cross block boundaries;
+    GPU sweeps: scripts/attention_table.py --tune)."""
+
+    launch: FlashLaunch | None = None
+
+
+FLASH_TUNING = TuningStack(FlashTuning())
+
+
+@functools.lru_cache(maxsize=256)
+def flash_policy(head_dim: int, v_dim: int, arch: tuple[int, int] | None) -> FlashLaunch:
+    """Tiles per padded head size. Register budget (255 per thread): the forward holds q
+    [M, D] and the fp32 accumulator [M, Dv]; dK/dV holds k, v and two fp32 accumulators
+    [N, D]; dQ holds q, dO and one accumulator. 8 warps at D 128 keep each under ~160 registers
+    (no spills at sm_80/sm_90, checked by tests/test_flash_attention.py's AOT test)."""
+    bd = max(_pow2(head_dim), _pow2(v_dim), 16)
+    hopper = arch is not None and arch >= (9, 0)
+    if bd <= 64:
+        return FlashLaunch(128, 64, 4, 3 if hopper else 2, 64, 128, 8, 2, 128, 64, 4, 2)
+    if bd <= 128:
+        return FlashLaunch(128, 64, 8, 3 if hopper else 2, 64, 64, 8, 2, 128, 32, 8, 2)
+    return FlashLaunch(64, 64, 8, 2, 32, 64, 8, 1, 64, 32, 8, 1)
+
+
+def _launch_for(q: torch.Tensor, v: torch.Tensor) -> FlashLaunch:
+    forced = FLASH_TUNING.active().launch
+    if forced is not None:
+        return forced
+    arch = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" else None
+    return flash_policy(q.shape[-1], v.shape[-1], arch)
+
+
+def _window_flags(causal: bool, left: int, right: int) -> tuple[int, int, bool, bool]:
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    return left, right, right >= 0, left >= 0
+
+
+def _mults(scale: float, softcap: float) -> tuple[float, float]:
+    log2e = 1.4426950408889634
+    return (scale / softcap, softcap * log2e) if softcap > 0 else (scale * log2e, 1.0)
+
+
+def _strides3(t: torch.Tensor, varlen: bool) -> tuple[int, int, int]:
+    """(batch, token, head) strides of a dense [B, S, H, D] or varlen [T, H, D] tensor."""
+    if varlen:
+        return 0, t.stride(0), t.stride(1)
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def _geometry(q, k, cu_q, max_q, max_k):
+    varlen = cu_q is not None
+    if varlen:
+        b, sq, sk = cu_q.shape[0] - 1, max_q, max_k
+    else:
+        b, sq, sk = q.shape[0], q.shape[1], k.shape[1]
+    return varlen, b, sq, sk
+
+
+def flash_attention_fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, sinks, need_lse):
+    """(out [B, Sq, Hq, Dv] / [T, Hq, Dv] in q.dtype, lse fp32 [B, Hq, Sq] / [Hq, T]). Checked args."""
+    varlen, b, sq, sk = _geometry(q, k, cu_q, max_q, max_k)
+    hq, d = q.shape[-2:]
+    hkv, dv = v.shape[-2:]
+    out = empty((*q.shape[:-1], dv), q.dtype, q.device)
+    lse = empty((hq, q.shape[0]) if varlen else (b, hq, sq), torch.float32, q.device)
+    if q.numel() == 0 or b == 0 or sq == 0:
+        return out, lse
+    if k.shape[-3] == 0 and not varlen:  # no key at all: out 0, lse -inf (or the sink)
+        out.zero_()
+        lse.copy_(sinks.float()[:, None].expand(hq, sq) if sinks is not None else torch.full_like(lse, float("-inf")))
+        return out, lse
+    p = _launch_for(q, v)
+    left, right, mask_right, mask_left = _window_flags(causal, *window)
+    qk_mul, cap_mul = _mults(scale, softcap)
+    f32 = q.dtype == torch.float32 or config.get().triton_interpret
+    lse_b, lse_h = (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
+    grid = (-(-sq // p.block_m), b * hq)
+    _flash_fwd(grid, q, k, v, out, lse, sinks, cu_q, cu_k, qk_mul, cap_mul, left, right, sq, sk,
+               *_strides3(q, varlen), *_strides3(k, varlen), *_strides3(v, varlen), *_strides3(out, varlen),
+               lse_b, lse_h, hq, G=hq // hkv, D=d, DV=dv, BLOCK_M=p.block_m, BLOCK_N=p.block_n,
+               BLOCK_D=max(_pow2(d), 16), BLOCK_DV=max(_pow2(dv), 16), VARLEN=varlen, MASK_RIGHT=mask_right,
+               MASK_LEFT=mask_left, SOFTCAP=softcap > 0, HAS_SINKS=sinks is not None, F32=f32,
+               num_warps=p.num_warps, num_stages=p.num_stages)
+    return out, lse
+
+
+def flash_attention_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, sinks):
+    """(dq like q, dk like k, dv like v, dsinks [Hq] fp32 or None); fp32 accumulation, no atomics."""
+    varlen, b, sq, sk = _geometry(q, k, cu_q, max_q, max_k)
+    hq, d = q.shape[-2:]
+    hkv, dvh = v.shape[-2:]
+    dq = empty(q.shape, q.dtype, q.device)
+    dk = empty(k.shape, k.dtype, k.device)
+    dv = empty(v.shape, v.dtype, v.device)
+    delta = empty(lse.shape, torch.float32, q.device)
+    if q.numel() == 0 or k.numel() == 0 or b == 0 or sq == 0 or sk == 0:
+        dq.zero_(), dk.zero_(), dv.zero_()
+        dsinks = None if sinks is None else torch.zeros_like(sinks, dtype=torch.float32)
+        return dq, dk, dv, dsinks
+    if dout.stride(-1) != 1 and dvh > 1:
+        dout = dout.contiguous()
+    p = _launch_for(q, v)
+    left, right, mask_right, mask_left = _window_flags(causal, *window)
+    qk_mul, cap_mul = _mults(scale, softcap)
+    f32 = q.dtype == torch.float32 or config.get().triton_interpret
+    lse_b, lse_h = (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
+    bd, bdv = max(_pow2(d), 16), max(_pow2(dvh), 16)
+    # delta = rowsum(dO * O): rows (token, head) need one token stride over the batch
+    tokens = q.shape[0] if varlen else b * sq
+    o2 = out.reshape(tokens, hq, dvh)
+    do2 = dout if (varlen or dout.stride(0) == sq * dout.stride(1) or b == 1) else dout.contiguous()
+    do2 = do2.reshape(tokens, hq, dvh) if do2.stride(-1) == 1 else do2.contiguous().reshape(tokens, hq, dvh)
+    rows = tokens * hq
+    block_r = max(1, min(64, 4096 // bdv))
+    _flash_pre((-(-rows // block_r),), o2, do2, delta, rows, hq, sq, o2.stride(0), o2.stride(1), do2.stride(0),
+               do2.stride(1), lse_b, lse_h, DV=dvh, BLOCK_R=block_r, BLOCK_DV=bdv, VARLEN=varlen, num_warps=4)
+    common = dict(D=d, DVH=dvh, BLOCK_D=bd, BLOCK_DV=bdv, VARLEN=varlen, MASK_RIGHT=mask_right, MASK_LEFT=mask_left,
+                  SOFTCAP=softcap > 0, F32=f32)
+    g = hq // hkv
+    _flash_dkdv((-(-sk // p.dkdv_n), b * hkv), q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k, qk_mul, cap_mul, scale,
+                left, right, sq, sk, *_strides3(q, varlen), *_strides3(k, varlen), *_strides3(v, varlen),
+                *_strides3(dout, varlen), *_strides3(dk, varlen), *_strides3(dv, varlen), lse_b, lse_h, hkv, G=g,
+                BLOCK_M=p.dkdv_m, BLOCK_N=p.dkdv_n, num_warps=p.dkdv_warps, num_stages=p.dkdv_stages, **common)
+    _flash_dq((-(-sq // p.dq_m), b * hq), q, k, v, dout, lse, delta, dq, cu_q, cu_k, qk_mul, cap_mul, scale, left,
+              right, sq, sk, *_strides3(q, varlen), *_strides3(k, varlen), *_strides3(v, varlen),
+              *_strides3(dout, varlen), *_strides3(dq, varlen), lse_b, lse_h, hq, G=g, BLOCK_M=p.dq_m,
+              BLOCK_N=p.dq_n, num_warps=p.dq_warps, num_stages=p.dq_stages, **common)
+    dsinks = None
+    if sinks is not None:
+        # d sink_h = -sum_rows e^(sink_h - lse) * delta (the sink's probability times rowsum(dO * O))
+        lse_rows = lse if varlen else lse.transpose(0, 1).reshape(hq, -1)
+        delta_rows = delta if varlen else delta.transpose(0, 1).reshape(hq, -1)
+        dsinks = -(torch.exp(sinks.float()[:, None] - lse_rows) * delta_rows).sum(1)
+    return dq, dk, dv, dsinks

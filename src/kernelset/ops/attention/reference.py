@@ -102,3 +102,23 @@ def merge_attn_states(out_a, lse_a, out_b, lse_b) -> tuple[torch.Tensor, torch.T
     wa = torch.where(empty, 0.0, torch.exp(la - safe)).unsqueeze(-1)
     wb = torch.where(empty, 0.0, torch.exp(lb - safe)).unsqueeze(-1)
     return wa * out_a.float() + wb * out_b.float(), lse
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal: bool = True, scale: float | None = None,
+                     window: tuple[int, int] = (-1, -1), softcap: float = 0.0, sinks: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed sequences: q ``[T, Hq, D]``, k/v ``[Tk, Hkv, D(v)]``, sequence b at
+    cu_seqlens[b]:cu_seqlens[b + 1] -> (out ``[T, Hq, Dv]``, lse ``[Hq, T]``), fp32; each sequence is
+    :func:`attention` on its own (an empty one contributes nothing). Reads the offsets on the host."""
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    out = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=acc, device=q.device)
+    lse = torch.full(q.shape[:-1], float("-inf"), dtype=acc, device=q.device)
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for b in range(len(cq) - 1):
+        if cq[b + 1] == cq[b]:
+            continue
+        # slice assignment is differentiable (autograd records the copies)
+        out[cq[b]:cq[b + 1]], lse[cq[b]:cq[b + 1]] = attention(
+            q[cq[b]:cq[b + 1]], k[ck[b]:ck[b + 1]], v[ck[b]:ck[b + 1]], causal=causal, scale=scale, window=window,
+            softcap=softcap, sinks=sinks)
+    return out, lse.transpose(0, 1)

@@ -50,7 +50,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     v = logits.shape[-1]
     if v == 0:
         raise ArgumentError(op, "logits", "of vocabulary size (last dim) >= 1", f"shape {tuple(logits.shape)}")
-    x2, t2 = logits.reshape(-1, v), target.reshape(-1)
+    x2, t2 = logits.reshape(-1, v), target.reshape(-1).contiguous()  # the kernel reads target[row]
     args = (x2, t2, ignore_index, label_smoothing, z_loss, cap, red)
     if torch.compiler.is_compiling():
         loss = torch.ops.kernelset.cross_entropy(*args, logits.requires_grad, str(backend))[0]

@@ -53,3 +53,4 @@ ADAPTERS = {"cross_entropy": BenchAdapter(
     reference=_reference,
     args=lambda inp: (inp["x"], inp["t"]),
 )}
+from .linear_bench import ADAPTERS as _L; ADAPTERS.update(_L)  # noqa: E402,E702  (linear_cross_entropy)

@@ -37,6 +37,9 @@ def _ce_fwd_kernel(X, T, LOSS, LSE, DX, SCALE, M, V, stride_x, stride_dx, ignore
         x_row = X + tl.cast(row, tl.int64) * stride_x
         t = tl.load(T + row).to(tl.int64)
         valid = (t != ignore_index) & (t >= 0) & (t < V)
+        # the target logit: one scalar load, never outside the row (masked when out of range),
+        # read before pass 2 may overwrite the row (DX may alias X: linear_cross_entropy)
+        xt = tl.load(x_row + tl.where(valid, t, 0)).to(tl.float32)
         m = -float("inf")
         s = 0.0
         zsum = 0.0
@@ -55,8 +58,6 @@ def _ce_fwd_kernel(X, T, LOSS, LSE, DX, SCALE, M, V, stride_x, stride_dx, ignore
             if SMOOTH:
                 zsum += tl.sum(tl.where(cm, z, 0.0), axis=0)
         lse = m + tl.log2(s) * _LN2
-        # the target logit: one scalar load, never outside the row (masked when out of range)
-        xt = tl.load(x_row + tl.where(valid, t, 0)).to(tl.float32)
         zt = _softcapped(xt, softcap, SOFTCAP)
         loss = (1.0 - smoothing) * (lse - zt) + z_loss * lse * lse
         if SMOOTH:

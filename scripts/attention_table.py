@@ -1,0 +1,178 @@
+"""Measure every flash_attention implementation on this GPU and regenerate the dispatch table.
+
+    python scripts/attention_table.py                 # measure, rewrite src/kernelset/ops/attention/dispatch_table.py
+    python scripts/attention_table.py --dry-run       # measure and print only
+    python scripts/attention_table.py --tune          # also sweep Triton forward/backward tiles (prints the best)
+
+Per (dtype, head dims, causal, mode, shape class) it times each implementation that supports the
+problem (a named backend: runs or is skipped with its reason), checks it against the fp32 reference
+on one (batch, KV head) slice (a wrong implementation gets no row position), and writes the
+implementations fastest first. mode "fwd": no LSE, no gradient (SDPA's backends compete);
+"fwd+lse": return_lse=True, which is also what a training forward needs. Rows of other archs already
+in the table are kept; rows of this arch are replaced. The device, date and versions go into
+``measured_on``.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import pathlib
+import pprint
+import sys
+
+import torch
+
+import kernelset as ks
+from kernelset.bench import timing
+from kernelset.core import registry
+from kernelset.core.tolerance import rel_err, tolerance
+from kernelset.ops.attention import backends as BK
+from kernelset.ops.attention import dispatch_table
+from kernelset.ops.attention import launch as L
+from kernelset.ops.attention import reference as R
+
+TABLE_PATH = pathlib.Path(BK.__file__).with_name("dispatch_table.py")
+# shape class -> (batch, seq): about 32K tokens each, Hq = Hkv = 32 (the bench cases' heads)
+CLASSES = {"short": (32, 1024), "medium": (8, 4096), "long": (2, 16384)}
+DIMS = ((64, 64), (128, 128), (256, 256), (192, 128), (80, 80), (96, 96))
+HEADS = 32
+
+
+def _check(out, lse, q, k, v, causal, dtype):
+    """out (and lse) of batch 0, head 0 against the fp32 reference."""
+    o, l = R.attention(q[:1, :, :1].float(), k[:1, :, :1].float(), v[:1, :, :1].float(), causal=causal)
+    ok = rel_err(out[:1, :, :1], o) <= tolerance("attention", dtype)
+    if lse is not None:
+        ok = ok and rel_err(lse[:1, :1], l.transpose(-1, -2)) <= 2e-3
+    return ok
+
+
+def measure(dtype, d, dv, causal, mode, cls, device):
+    b, s = CLASSES[cls]
+    q = torch.randn(b, s, HEADS, d, device=device, dtype=dtype)
+    k = torch.randn(b, s, HEADS, d, device=device, dtype=dtype)
+    v = torch.randn(b, s, HEADS, dv, device=device, dtype=dtype)
+    lse = mode == "fwd+lse"
+    times, notes = {}, {}
+    for impl in registry.impls("flash_attention"):
+        name = str(impl.backend)
+        if name == "reference":
+            continue
+        fn = lambda: ks.flash_attention(q, k, v, causal=causal, return_lse=lse, backend=name)  # noqa: E731
+        try:
+            res = fn()
+        except ks.UnsupportedError as exc:
+            notes[name] = exc.reason[:120]
+            continue
+        except Exception as exc:  # a crashing candidate is recorded, never ranked
+            notes[name] = f"{type(exc).__name__}: {str(exc)[:120]}"
+            continue
+        out, l = (res.out, res.lse) if lse else (res, None)
+        if not _check(out, l, q, k, v, causal, dtype):
+            notes[name] = "WRONG result: not ranked"
+            continue
+        times[name] = timing.cuda_time_ms(fn, warmup=3, reps=10, min_ms=50.0)
+    return (b, s, HEADS, HEADS, d, dv), times, notes
+
+
+def tune(device):
+    """Sweep the Triton tiles at B8 S4096 H32 D128 causal (forward; backward); print the best."""
+    q, k, v = (torch.randn(8, 4096, 32, 128, device=device, dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    base = L.flash_policy(128, 128, torch.cuda.get_device_capability(device))
+    flops = 4 * 8 * 32 * 4096 * 4097 // 2 * 128
+    results = []
+    for bm, bn, w, st in ((128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (128, 32, 4, 3), (64, 64, 4, 3),
+                          (128, 64, 4, 3), (64, 128, 4, 2), (128, 128, 8, 3)):
+        cfg = dataclasses.replace(base, block_m=bm, block_n=bn, num_warps=w, num_stages=st)
+        try:
+            with L.FLASH_TUNING.use(L.FlashTuning(cfg)):
+                ms = timing.cuda_time_ms(lambda: ks.flash_attention(q.detach(), k.detach(), v.detach(), causal=True,
+                                                                    backend="triton"), warmup=3, reps=10)
+            results.append((ms, f"fwd BM{bm} BN{bn} w{w} s{st}: {ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s"))
+        except Exception as exc:
+            print(f"fwd BM{bm} BN{bn} w{w} s{st}: {type(exc).__name__}: {str(exc)[:100]}")
+    for _, line in sorted(results):
+        print(line)
+    do = torch.randn_like(q)
+    results = []
+    for m1, n1, w1, s1, m2, n2, w2, s2 in ((64, 64, 8, 2, 128, 32, 8, 2), (32, 128, 8, 2, 128, 32, 8, 2),
+                                           (64, 128, 8, 2, 128, 64, 8, 2), (64, 64, 4, 2, 64, 64, 4, 2),
+                                           (32, 64, 4, 3, 64, 32, 4, 3), (64, 64, 8, 3, 128, 32, 8, 3)):
+        cfg = dataclasses.replace(base, dkdv_m=m1, dkdv_n=n1, dkdv_warps=w1, dkdv_stages=s1, dq_m=m2, dq_n=n2,
+                                  dq_warps=w2, dq_stages=s2)
+        try:
+            with L.FLASH_TUNING.use(L.FlashTuning(cfg)):
+                out = ks.flash_attention(q, k, v, causal=True, backend="triton")
+                ms = timing.cuda_time_ms(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True),
+                                         warmup=3, reps=10)
+            results.append((ms, f"bwd dkdv {m1}x{n1} w{w1} s{s1} dq {m2}x{n2} w{w2} s{s2}: {ms:.3f} ms, "
+                                f"{2.5 * flops / ms / 1e9:.0f} TFLOP/s"))
+        except Exception as exc:
+            print(f"bwd {cfg}: {type(exc).__name__}: {str(exc)[:100]}")
+    for _, line in sorted(results):
+        print(line)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dry-run", action="store_true", help="print, do not rewrite the table")
+    ap.add_argument("--tune", action="store_true", help="also sweep the Triton kernels' tiles")
+    ap.add_argument("--dtypes", default="bfloat16,float16")
+    ap.add_argument("--quick", action="store_true", help="head dims 64/128 and bf16 only")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    device = torch.device("cuda")
+    major, minor = torch.cuda.get_device_capability(device)
+    arch = f"sm_{major}{minor}"
+    dtypes = [getattr(torch, n) for n in (["bfloat16"] if args.quick else args.dtypes.split(","))]
+    dims = DIMS[:2] if args.quick else DIMS
+    rows = []
+    for dtype in dtypes:
+        for d, dv in dims:
+            for causal in (True, False):
+                for mode in ("fwd", "fwd+lse"):
+                    for cls in CLASSES:
+                        shape, times, notes = measure(dtype, d, dv, causal, mode, cls, device)
+                        order = sorted(times, key=times.get)
+                        dims_s = str(d) if d == dv else f"{d}/{dv}"
+                        dt = str(dtype).replace("torch.", "")
+                        print(f"{arch} {dt} d{dims_s} {'causal' if causal else 'full'} {mode} {cls} {shape}: "
+                              + ", ".join(f"{n} {times[n]:.3f}ms" for n in order)
+                              + (f"  (not ranked: {notes})" if notes else ""), flush=True)
+                        if order:
+                            rows.append(dict(arch=arch, dtype=dt, head_dim=dims_s, causal=causal, mode=mode,
+                                             shape_class=cls, order=order,
+                                             ms={n: round(times[n], 4) for n in order}, shape=list(shape)))
+                        torch.cuda.empty_cache()
+    if args.tune:
+        tune(device)
+    if args.dry_run:
+        return 0
+    props = torch.cuda.get_device_properties(device)
+    import triton
+    try:
+        import flash_attn
+        fa = getattr(flash_attn, "__version__", "installed")
+    except Exception:
+        fa = None
+    env = dict(device=props.name, arch=arch, date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+               torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda,
+               cudnn=torch.backends.cudnn.version(), flash_attn=fa)
+    old = dispatch_table.TABLE
+    table = {"format": 1,
+             "measured_on": [m for m in old.get("measured_on", []) if m.get("arch") != arch] + [env],
+             "rows": [r for r in old.get("rows", []) if r["arch"] != arch] + rows}
+    text = TABLE_PATH.read_text()
+    head = text[: text.index("TABLE = ")]
+    head = head.replace("Empty until the lead runs the script on the GPU machine (no row is guessed).\n", "")
+    TABLE_PATH.write_text(head + "TABLE = " + pprint.pformat(table, width=116, sort_dicts=False) + "\n")
+    print(f"wrote {len(rows)} rows for {arch} to {TABLE_PATH}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,405 @@
+"""flash_attention / flash_attention_varlen against the fp32 reference, forward and every gradient.
+
+Kernels run with 16x16 tiles (FLASH_TUNING) so small shapes cross query/key block boundaries, hit
+the masked head/tail and the unmasked middle ranges. Properties: GQA equals MHA with repeated KV,
+varlen equals per-sequence dense, Sq != Sk bottom-right causal alignment, rows with no visible key.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from aot import compile_report
+
+import kernelset as ks
+from kernelset.core import dispatch
+from kernelset.core.tolerance import rel_err, tolerance
+from kernelset.ops.attention import backends as BK
+from kernelset.ops.attention import launch as L
+from kernelset.ops.attention import reference as R
+
+SMALL = L.FlashLaunch(16, 16, 4, 1, 16, 16, 4, 1, 16, 16, 4, 1)
+BACKENDS = ["triton", "reference"]
+
+
+@pytest.fixture(autouse=True)
+def _small_tiles():
+    with L.FLASH_TUNING.use(L.FlashTuning(None if torch.cuda.is_available() else SMALL)):
+        yield
+
+
+def _ref(q, k, v, **opts):
+    out, lse = R.attention(q, k, v, **{"causal": False, **opts})  # the reference defaults to causal
+    return out, lse.transpose(-1, -2)
+
+
+def _grads(out, ins, cot):
+    return torch.autograd.grad(out, [t for t in ins if t is not None], cot)
+
+
+def _close(got, want, dtype, grad, what):
+    assert got.shape == want.shape, what
+    assert torch.isfinite(got).all(), f"{what}: non-finite"
+    err = rel_err(got, want)
+    assert err <= tolerance("attention", dtype, grad=grad), f"{what}: rel err {err:.2e}"
+
+
+def _lse_close(got, want, dtype, what):
+    fin = torch.isfinite(want)
+    assert torch.equal(torch.isfinite(got), fin), f"{what}: -inf LSEs differ"
+    assert rel_err(got[fin], want[fin]) <= (1e-5 if dtype == torch.float32 else 2e-3), what
+
+
+# (id, B, Sq, Sk, Hq, Hkv, D, Dv, options, why)
+CASES = [
+    ("causal-gqa-d64", 2, 37, 37, 4, 2, 64, 64, dict(causal=True), "GQA 2, ragged last blocks, diagonal blocks"),
+    ("causal-sq<sk", 1, 20, 45, 2, 1, 32, 32, dict(causal=True), "chunk after a prefix: bottom-right alignment"),
+    ("causal-sq>sk", 1, 45, 20, 2, 1, 32, 32, dict(causal=True), "first 25 rows see no key: out 0, lse -inf"),
+    ("window-softcap-sinks-d80", 1, 33, 50, 4, 1, 80, 80, dict(window=(7, 3), softcap=2.0, sinks=True),
+     "non-causal window both sides, Gemma softcap, gpt-oss sinks, padded head size 80"),
+    ("mqa-d96-left-window", 1, 40, 40, 4, 1, 96, 96, dict(causal=True, window=(5, -1)), "MQA, Mistral window"),
+    ("mla-192-128", 1, 24, 24, 2, 2, 192, 128, dict(causal=True, scale=0.1), "MLA prefill: v head size differs"),
+    ("full-d32", 2, 18, 29, 2, 2, 32, 32, dict(), "no mask at all, Sq != Sk"),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
+def test_forward_and_grads(backend, dtype, case, device):
+    _, b, sq, sk, hq, hkv, d, dv, opts, _ = case
+    opts = dict(opts)
+    q = torch.randn(b, sq, hq, d, device=device).to(dtype).requires_grad_()
+    k = torch.randn(b, sk, hkv, d, device=device).to(dtype).requires_grad_()
+    v = torch.randn(b, sk, hkv, dv, device=device).to(dtype).requires_grad_()
+    sinks = (torch.randn(hq, device=device) * 2).requires_grad_() if opts.pop("sinks", False) else None
+    got = ks.flash_attention(q, k, v, sinks=sinks, return_lse=True, backend=backend, **opts)
+    assert got.out.dtype == dtype and got.out.shape == (b, sq, hq, dv) and got.lse.shape == (b, hq, sq)
+    ins = [q, k, v, sinks]
+    want = _ref(*(t.detach().float().requires_grad_() for t in (q, k, v)), sinks=None if sinks is None else
+                sinks.detach().clone().requires_grad_(), **opts)
+    _close(got.out, want[0], dtype, False, "out")
+    _lse_close(got.lse, want[1], dtype, "lse")
+    cot = torch.randn_like(want[0])
+    g = _grads(got.out, ins, cot.to(dtype))
+    ref_ins = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    ref_sinks = None if sinks is None else sinks.detach().clone().requires_grad_()
+    w = _grads(_ref(*ref_ins, sinks=ref_sinks, **opts)[0], ref_ins + [ref_sinks], cot)
+    for name, a, e in zip(("dq", "dk", "dv", "dsinks"), g, w):
+        _close(a.float(), e, dtype, True, name)
+    if case[0] == "causal-sq>sk":
+        assert torch.equal(got.out[:, :25].float(), torch.zeros_like(got.out[:, :25]).float())
+        assert torch.isneginf(got.lse[..., :25]).all() and torch.isfinite(got.lse[..., 25:]).all()
+
+
+def test_float16_and_default_scale(device):
+    q, k, v = (torch.randn(1, 33, 2, 64, device=device).half() for _ in range(3))
+    got = ks.flash_attention(q, k, v, causal=True, backend="triton")
+    _close(got, _ref(q.float(), k.float(), v.float(), causal=True, scale=1 / 8)[0], torch.float16, False, "out")
+
+
+def test_gqa_equals_mha_with_repeated_kv(device):
+    q = torch.randn(1, 35, 8, 32, device=device, requires_grad=True)
+    k = torch.randn(1, 35, 2, 32, device=device, requires_grad=True)
+    v = torch.randn(1, 35, 2, 32, device=device, requires_grad=True)
+    gqa = ks.flash_attention(q, k, v, causal=True, backend="triton")
+    k4, v4 = k.repeat_interleave(4, 2), v.repeat_interleave(4, 2)
+    mha = ks.flash_attention(q, k4, v4, causal=True, backend="triton")
+    assert rel_err(gqa, mha) < 1e-6
+    cot = torch.randn_like(gqa)
+    g1 = torch.autograd.grad(gqa, (q, k, v), cot)
+    g2 = torch.autograd.grad(mha, (q, k, v), cot)  # through repeat_interleave: sums the group
+    for a, b in zip(g1, g2):
+        assert rel_err(a, b) < 1e-5
+
+
+def test_strided_inputs_are_honoured(device):
+    """q, k, v from a fused qkv projection [B, S, 3, H, D], and q as a transposed [B, H, S, D]."""
+    qkv = torch.randn(2, 21, 3, 2, 32, device=device)
+    q, k, v = qkv.unbind(2)
+    got = ks.flash_attention(q, k, v, causal=True, backend="triton")
+    want = ks.flash_attention(q.contiguous(), k.contiguous(), v.contiguous(), causal=True, backend="reference")
+    assert rel_err(got, want) < 1e-5
+    qt = torch.randn(2, 2, 21, 32, device=device).transpose(1, 2)
+    got = ks.flash_attention(qt, k, v, backend="triton")
+    assert rel_err(got, _ref(qt, k, v, causal=False)[0]) < 1e-5
+
+
+# (id, query lengths, key lengths, options, why)
+VARLEN = [
+    ("causal", [0, 1, 17, 40], [0, 1, 30, 40], dict(causal=True), "empty, single token, chunk after a prefix, "
+     "a sequence crossing three 16-row blocks"),
+    ("window-sinks", [5, 19, 0], [5, 33, 7], dict(causal=True, window=(6, -1), sinks=True, softcap=3.0),
+     "window + sinks + softcap per sequence; queries without keys of their own in the batch"),
+    ("noncausal-no-keys", [3, 16], [0, 16], dict(), "a sequence with queries and no keys: out 0, lse -inf"),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("case", VARLEN, ids=lambda c: c[0])
+def test_varlen_equals_per_sequence_dense(backend, dtype, case, device):
+    _, lq, lk, opts, _ = case
+    opts = dict(opts)
+    hq, hkv, d = 4, 2, 32
+    cu_q = torch.tensor([0] + list(torch.tensor(lq).cumsum(0)), dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0] + list(torch.tensor(lk).cumsum(0)), dtype=torch.int32, device=device)
+    q = torch.randn(sum(lq), hq, d, device=device).to(dtype).requires_grad_()
+    k = torch.randn(sum(lk), hkv, d, device=device).to(dtype).requires_grad_()
+    v = torch.randn(sum(lk), hkv, d, device=device).to(dtype).requires_grad_()
+    sinks = (torch.randn(hq, device=device)).requires_grad_() if opts.pop("sinks", False) else None
+    got = ks.flash_attention_varlen(q, k, v, cu_q, cu_k, max(lq), max(lk), sinks=sinks, return_lse=True,
+                                    backend=backend, **opts)
+    assert got.out.shape == q.shape and got.lse.shape == (hq, sum(lq))
+    cot = torch.randn(got.out.shape, device=device)
+    g = _grads(got.out, [q, k, v, sinks], cot.to(dtype))
+    ref_ins = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    ref_sinks = None if sinks is None else sinks.detach().clone().requires_grad_()
+    want, want_lse = R.attention_varlen(*ref_ins, cu_q, cu_k, sinks=ref_sinks, **{"causal": False, **opts})
+    _close(got.out, want, dtype, False, "out")
+    _lse_close(got.lse, want_lse, dtype, "lse")
+    w = _grads(want, ref_ins + [ref_sinks], cot)
+    for name, a, e in zip(("dq", "dk", "dv", "dsinks"), g, w):
+        _close(a.float(), e, dtype, True, name)
+    # per sequence, the dense op on that sequence gives the same rows
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for i in range(len(lq)):
+        if lq[i] == 0:
+            continue
+        dense = ks.flash_attention(q[None, cq[i]:cq[i + 1]].detach(), k[None, ck[i]:ck[i + 1]].detach(),
+                                   v[None, ck[i]:ck[i + 1]].detach(), sinks=None if sinks is None else sinks.detach(),
+                                   backend=backend, **opts)
+        assert rel_err(got.out[cq[i]:cq[i + 1]].detach(), dense[0]) < (1e-6 if dtype == torch.float32 else 1e-2)
+
+
+def test_no_keys_dense(device):
+    q = torch.randn(2, 5, 2, 16, device=device)
+    k = torch.randn(2, 0, 1, 16, device=device)
+    sinks = torch.randn(2, device=device)
+    got = ks.flash_attention(q, k, k, sinks=sinks, return_lse=True, backend="triton")
+    assert torch.equal(got.out, torch.zeros_like(got.out))
+    assert torch.allclose(got.lse, sinks[None, :, None].expand(2, 2, 5))
+
+
+def _base():
+    return dict(q=torch.randn(2, 8, 4, 16), k=torch.randn(2, 8, 2, 16), v=torch.randn(2, 8, 2, 16))
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(q=torch.randn(2, 8, 4)), "4-D"),
+    (dict(q=torch.randn(2, 8, 3, 16)), "multiple"),
+    (dict(k=torch.randn(2, 8, 2, 8), v=torch.randn(2, 8, 2, 8)), "head size"),
+    (dict(v=torch.randn(2, 9, 2, 16)), "'v'"),
+    (dict(k=torch.randn(3, 8, 2, 16), v=torch.randn(3, 8, 2, 16)), "batch"),
+    (dict(q=torch.randn(2, 8, 4, 16, dtype=torch.float16)), "dtype"),
+    (dict(q=torch.randn(2, 8, 4, 32)[..., ::2]), "unit-stride"),
+    (dict(scale=0.0), "scale"),
+    (dict(softcap=-1.0), "softcap"),
+    (dict(window=(1, 2, 3)), "window"),
+    (dict(sinks=torch.randn(2)), "sinks"),
+    (dict(q=torch.randint(0, 3, (2, 8, 4, 16))), "dtype"),
+], ids=["q-3d", "heads", "head-size", "v-shape", "batch", "mixed-dtype", "strided-last", "scale", "softcap",
+        "window", "sinks-shape", "int-q"])
+def test_bad_input(change, match):
+    args = _base()
+    args.update(change)
+    q, k, v = args.pop("q"), args.pop("k"), args.pop("v")
+    with pytest.raises((ValueError, TypeError), match=match):
+        ks.flash_attention(q, k, v, **args)
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(cu_seqlens_q=torch.tensor([0, 3, 9], dtype=torch.int32)), "cu_seqlens_q"),
+    (dict(cu_seqlens_k=torch.tensor([0, 5, 2], dtype=torch.int32)), "cu_seqlens_k"),
+    (dict(cu_seqlens_q=torch.tensor([0, 3], dtype=torch.int32)), "cu_seqlens_k"),
+    (dict(cu_seqlens_q=torch.tensor([0, 3, 8], dtype=torch.int64)), "cu_seqlens_q"),
+    (dict(max_seqlen_q=4), "max_seqlen_q"),
+    (dict(max_seqlen_k=-1), "max_seqlen_k"),
+], ids=["q-past-T", "k-decreasing", "lengths-differ", "int64", "max-q", "max-k-negative"])
+def test_varlen_bad_input(change, match):
+    args = dict(q=torch.randn(8, 4, 16), k=torch.randn(8, 2, 16), v=torch.randn(8, 2, 16),
+                cu_seqlens_q=torch.tensor([0, 3, 8], dtype=torch.int32),
+                cu_seqlens_k=torch.tensor([0, 2, 8], dtype=torch.int32), max_seqlen_q=5, max_seqlen_k=6)
+    args.update(change)
+    with pytest.raises((ValueError, TypeError), match=match):
+        ks.flash_attention_varlen(**args)
+
+
+def test_unknown_backend_and_sdpa_request_explains(device):
+    q = torch.randn(1, 8, 2, 16, device=device)
+    with pytest.raises(ValueError, match="sdpa_cudnn"):
+        ks.flash_attention(q, q, q, backend="nope")
+    if device.type == "cpu":
+        with pytest.raises(ks.UnsupportedError, match="CUDA"):
+            ks.flash_attention(q, q, q, backend="sdpa_flash")
+    with pytest.raises(ks.UnsupportedError, match="sinks" if device.type == "cuda" else "CUDA"):
+        ks.flash_attention(q, q, q, sinks=torch.zeros(2, device=device), backend="sdpa_cudnn")
+
+
+def test_compile_fullgraph_with_backward(device):
+    q = torch.randn(1, 20, 4, 32, device=device, requires_grad=True)
+    k = torch.randn(1, 20, 2, 32, device=device, requires_grad=True)
+    v = torch.randn(1, 20, 2, 32, device=device, requires_grad=True)
+    sinks = torch.randn(4, device=device, requires_grad=True)
+
+    def f(q, k, v, s):
+        a = ks.flash_attention(q, k, v, causal=True, sinks=s, softcap=5.0, return_lse=True)
+        return (a.out * 2).sum() + a.lse.sum() * 0
+
+    eager = torch.autograd.grad(f(q, k, v, sinks), (q, k, v, sinks))
+    comp = torch.autograd.grad(torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v, sinks), (q, k, v, sinks))
+    for a, b in zip(eager, comp):
+        assert rel_err(b, a) < 1e-6
+
+
+def test_explain_lists_candidates_with_reasons(device):
+    q = torch.randn(1, 8, 2, 16, device=device)
+    exp = ks.explain("flash_attention", q, q, q, causal=True, softcap=3.0, verbose=False)
+    names = [str(c.backend) for c in exp.candidates]
+    assert names[0] == "triton" and names[-1] == "reference"
+    assert {"sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "flash_attn"} <= set(names)
+    sdpa = {str(c.backend): c.reason for c in exp.candidates if str(c.backend).startswith("sdpa")}
+    assert all(r and ("softcap" in r or "CUDA" in r) for r in sdpa.values()), sdpa
+
+
+def test_measured_table_decides_auto_and_explain_names_the_row(monkeypatch):
+    """A row ranking the reference first makes AUTO pick it (with the row in the reasons); a named
+    backend still runs; without a matching row the priorities decide."""
+    from kernelset.ops.attention import dispatch_table
+    row = dict(arch="sm_90", dtype="float32", head_dim="16", causal=True, mode="fwd", shape_class="short",
+               order=["reference", "triton"], ms={"reference": 1.0, "triton": 2.0}, shape=[1, 8, 2, 2, 16, 16])
+    table = {"format": 1, "measured_on": [{"device": "test", "date": "today"}], "rows": [row]}
+    monkeypatch.setattr(dispatch_table, "TABLE", table)
+    monkeypatch.setattr(BK, "device_arch", lambda dev: (9, 0))
+    dispatch.clear_cache()
+    q = torch.randn(1, 8, 2, 16)
+    exp = ks.explain("flash_attention", q, q, q, causal=True, verbose=False)
+    assert str(exp.chosen) == "reference"
+    reason = next(c.reason for c in exp.candidates if str(c.backend) == "triton")
+    assert "table row sm_90/float32/d16/causal/fwd/short ranks reference first" in reason
+    assert "table=sm_90/float32/d16/causal/fwd/short" in str(exp)
+    assert str(dispatch.select("flash_attention", "auto", (q, q, q), dict(causal=True)).backend) == "reference"
+    assert str(dispatch.select("flash_attention", "triton", (q, q, q), dict(causal=True, request="triton")).backend) \
+        == "triton"
+    ks.flash_attention(q, q, q, causal=True, backend="triton")  # a named backend ignores the table
+    exp = ks.explain("flash_attention", q, q, q, causal=False, verbose=False)  # no row: priorities
+    assert str(exp.chosen) == "triton"
+    dispatch.clear_cache()
+
+
+def test_policy_covers_every_head_size():
+    for d, dv in ((64, 64), (80, 80), (96, 96), (128, 128), (192, 128), (256, 256)):
+        for arch in ((8, 0), (9, 0)):
+            p = L.flash_policy(d, dv, arch)
+            assert p.block_m >= 16 and p.block_n >= 16 and p.dkdv_m >= 16 and p.dq_n >= 16
+
+
+# ---- GPU-only: real sizes, peers, CUDA graphs ----------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2, 1024, 16, 4, 128), (1, 777, 8, 8, 64), (1, 512, 8, 2, 256)],
+                         ids=["gqa-d128", "odd-len-d64", "d256"])
+def test_gpu_real_size_forward_backward(shape):
+    b, s, hq, hkv, d = shape
+    q = torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    out = ks.flash_attention(q, k, v, causal=True, backend="triton")
+    ref_ins = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    want = _ref(*ref_ins, causal=True)[0]
+    _close(out, want, torch.bfloat16, False, "out")
+    cot = torch.randn_like(want)
+    for name, a, e in zip("qkv", torch.autograd.grad(out, (q, k, v), cot.bfloat16()),
+                          torch.autograd.grad(want, ref_ins, cot)):
+        _close(a.float(), e, torch.bfloat16, True, "d" + name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "flash_attn", "auto"])
+def test_gpu_candidates_agree_with_reference(backend):
+    q, k, v = (torch.randn(2, 512, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    try:
+        out = ks.flash_attention(q, k, v, causal=True, backend=backend)
+    except ks.UnsupportedError as exc:
+        pytest.skip(f"{backend} cannot run here: {exc.reason}")
+    _close(out, _ref(q.float(), k.float(), v.float(), causal=True)[0], torch.bfloat16, False, backend)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_varlen():
+    lens = [100, 0, 700, 1]
+    cu = torch.tensor([0, 100, 100, 800, 801], dtype=torch.int32, device="cuda")
+    q, k, v = (torch.randn(801, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    kw = dict(causal=True, check_bounds=False)
+    ks.flash_attention_varlen(q, k, v, cu, cu, 1024, 1024, **kw)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = ks.flash_attention_varlen(q, k, v, cu, cu, 1024, 1024, **kw)
+    g.replay()
+    torch.cuda.synchronize()
+    want = R.attention_varlen(q, k, v, cu, cu, causal=True)[0]
+    _close(out, want, torch.bfloat16, False, f"graph {lens}")
+
+
+_AOT = r"""
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kernelset.ops.attention import kernels as K
+from kernelset.ops.attention.launch import flash_policy
+
+def run(fn, sig, consts, warps, stages, arch, name):
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, ty in sig.items()
+             if ty is not None and (ty.startswith("*") or n.startswith("stride"))}
+    consts = {**consts, **{n: None for n, ty in sig.items() if ty is None}}
+    full = {n: sig[n] if sig.get(n) is not None else "constexpr" for n in fn.arg_names}
+    src = ASTSource(fn, signature=full, constexprs=consts, attrs=attrs)
+    c = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps, num_stages=stages))
+    ptx = c.asm["ptx"]
+    return dict(case=name, local="ld.local" in ptx or "st.local" in ptx, vec=".v4" in ptx or ".v2" in ptx)
+
+def strides(*names):
+    return {f"stride_{n}{x}": "i32" for n in names for x in "bsh"}
+
+out = []
+for arch in (90, 80):
+    for d, dv, extra in ((64, 64, False), (128, 128, False), (128, 128, True), (256, 256, False), (192, 128, False)):
+        if arch == 80 and (d, extra) != (128, False) and d != 256:
+            continue
+        p = flash_policy(d, dv, (arch // 10, arch % 10))
+        bd, bdv = max(triton.next_power_of_2(d), 16), max(triton.next_power_of_2(dv), 16)
+        flags = dict(VARLEN=extra, MASK_RIGHT=True, MASK_LEFT=extra, SOFTCAP=extra, F32=False)
+        common = dict(G=4, D=d, BLOCK_D=bd, BLOCK_DV=bdv, **flags)
+        tag = f"d{d}{'/' + str(dv) if dv != d else ''}{'-opts' if extra else ''}-sm{arch}"
+        base = dict(CUQ="*i32" if extra else None, CUK="*i32" if extra else None, qk_mul="fp32", cap_mul="fp32")
+        sig = dict(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", LSE="*fp32", SINKS="*fp32" if extra else None, **base,
+                   window_left="i32", window_right="i32", seq_q="i32", seq_k="i32", **strides("q", "k", "v", "o"),
+                   stride_lb="i32", stride_lh="i32", Hq="i32")
+        out.append(run(K._flash_attn_fwd_kernel, sig, dict(DV=dv, BLOCK_M=p.block_m, BLOCK_N=p.block_n,
+                       HAS_SINKS=extra, **common), p.num_warps, p.num_stages, arch, "fwd-" + tag))
+        sig = dict(Q="*bf16", K="*bf16", V="*bf16", DO="*bf16", LSE="*fp32", DELTA="*fp32", DK="*bf16", DV="*bf16",
+                   **base, dk_mul="fp32", window_left="i32", window_right="i32", seq_q="i32", seq_k="i32",
+                   **strides("q", "k", "v", "do", "dk", "dv"), stride_lb="i32", stride_lh="i32", Hkv="i32")
+        out.append(run(K._flash_attn_bwd_dkdv_kernel, sig, dict(DVH=dv, BLOCK_M=p.dkdv_m, BLOCK_N=p.dkdv_n, **common),
+                       p.dkdv_warps, p.dkdv_stages, arch, "dkdv-" + tag))
+        sig = dict(Q="*bf16", K="*bf16", V="*bf16", DO="*bf16", LSE="*fp32", DELTA="*fp32", DQ="*bf16", **base,
+                   dq_mul="fp32", window_left="i32", window_right="i32", seq_q="i32", seq_k="i32",
+                   **strides("q", "k", "v", "do", "dq"), stride_lb="i32", stride_lh="i32", Hq="i32")
+        out.append(run(K._flash_attn_bwd_dq_kernel, sig, dict(DVH=dv, BLOCK_M=p.dq_m, BLOCK_N=p.dq_n, **common),
+                       p.dq_warps, p.dq_stages, arch, "dq-" + tag))
+sig = dict(O="*bf16", DO="*bf16", DELTA="*fp32", R="i32", Hq="i32", seq_q="i32", stride_ot="i32", stride_oh="i32",
+           stride_dot="i32", stride_doh="i32", stride_lb="i32", stride_lh="i32")
+out.append(run(K._flash_attn_bwd_pre_kernel, sig, dict(DV=128, BLOCK_R=32, BLOCK_DV=128, VARLEN=False), 4, 1, 90,
+               "bwd-pre"))
+print(json.dumps(out))
+"""
+
+
+def test_kernels_compile_for_sm90_and_sm80():
+    """Forward, dK/dV and dQ kernels compile for sm_90 (D 64, 128 with every option, 192/128, 256)
+    and sm_80 (D 128, 256) with the policy's tiles, without spills, with vector loads."""
+    compile_report(_AOT, 22)
