@@ -58,6 +58,9 @@ class BenchCase:
     dtype: torch.dtype = torch.bfloat16
     bar_pct: float | None = None  # minimum % of the ceiling
     sweep: bool = False  # part of the hidden-size sweep plotted
+    # time every implementation replayed from a CUDA graph (as serving engines run decode steps),
+    # so microsecond-scale kernels are not measured as host launch overhead
+    graph: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
