@@ -25,6 +25,9 @@ class AutogradSpec:
     forward: Callable[..., Any]  # the custom op's implementation (not the op)
     setup: Callable[[Any, tuple, Any], None]  # register_autograd's setup_context
     backward: Callable[..., tuple]  # register_autograd's backward; sees ctx.eager = True here
+    # outputs whose incoming gradient the backward reads (None: all). The others (saved statistics
+    # such as rstd) get no zero tensor built and launched for them: the backward sees None.
+    needed: tuple[int, ...] | None = None
 
 
 class EagerAutograd(torch.autograd.Function):
@@ -34,8 +37,16 @@ class EagerAutograd(torch.autograd.Function):
         ctx.eager = True
         ctx.spec = spec
         spec.setup(ctx, inputs, out)
+        if spec.needed is not None:
+            ctx.set_materialize_grads(False)
+            ctx.meta = tuple((out[i].shape, out[i].dtype, out[i].device) for i in spec.needed)
         return out
 
     @staticmethod
     def backward(ctx, *grads: Any):
+        if ctx.spec.needed is not None:  # zeros only where a read gradient did not flow
+            grads = list(grads)
+            for i, (shape, dtype, device) in zip(ctx.spec.needed, ctx.meta):
+                if grads[i] is None:
+                    grads[i] = torch.zeros(shape, dtype=dtype, device=device)
         return (None,) + tuple(ctx.spec.backward(ctx, *grads))

@@ -100,4 +100,4 @@ def _backward(ctx, grad_loss, grad_dlogits):
 
 
 _op.register_autograd(_backward, setup_context=_setup)
-_SPEC = AutogradSpec(_fwd, _setup, _backward)
+_SPEC = AutogradSpec(_fwd, _setup, _backward, needed=(0,))

@@ -126,7 +126,7 @@ def _rms_backward(ctx, dy, drstd):
 
 
 _rms_norm_op.register_autograd(_rms_backward, setup_context=_rms_setup)
-_RMS = AutogradSpec(_rms_fwd, _rms_setup, _rms_backward)
+_RMS = AutogradSpec(_rms_fwd, _rms_setup, _rms_backward, needed=(0,))
 
 # ---- fused_add_rms_norm ---------------------------------------------------------------------
 
@@ -204,7 +204,7 @@ def _add_backward(ctx, dy, dh, drstd):
 
 
 _add_rms_norm_op.register_autograd(_add_backward, setup_context=_add_setup)
-_ADD = AutogradSpec(_add_fwd, _add_setup, _add_backward)
+_ADD = AutogradSpec(_add_fwd, _add_setup, _add_backward, needed=(0,))  # dh may be None
 
 
 @torch.library.custom_op("kernelset::fused_add_rms_norm_", mutates_args=("x", "residual"))
@@ -288,4 +288,4 @@ def _ln_backward(ctx, dy, dmean, drstd):
 
 
 _layer_norm_op.register_autograd(_ln_backward, setup_context=_ln_setup)
-_LN = AutogradSpec(_ln_fwd, _ln_setup, _ln_backward)
+_LN = AutogradSpec(_ln_fwd, _ln_setup, _ln_backward, needed=(0,))
