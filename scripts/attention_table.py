@@ -8,7 +8,9 @@ Per (dtype, head dims, causal, mode, shape class) it times each implementation t
 problem (a named backend: runs or is skipped with its reason), checks it against the fp32 reference
 on one (batch, KV head) slice (a wrong implementation gets no row position), and writes the
 implementations fastest first. mode "fwd": no LSE, no gradient (SDPA's backends compete);
-"fwd+lse": return_lse=True, which is also what a training forward needs. Rows of other archs already
+"fwd+lse": return_lse=True (the forward of a training step whose backward is ours); "train": the
+fwd+bwd step with q, k, v requiring grad and no LSE asked (SDPA's backends run their own backward,
+the others our op's forward and backward), timed from the forward to the last gradient. Rows of other archs already
 in the table are kept; rows of this arch are replaced. The device, date and versions go into
 ``measured_on``.
 """
@@ -48,20 +50,35 @@ def _check(out, lse, q, k, v, causal, dtype):
     return ok
 
 
+def _check_grads(grads, q, k, v, do, causal, dtype):
+    """dq, dk, dv of batch 0, head 0 against the fp32 reference's."""
+    ins = [t[:1, :, :1].detach().float().requires_grad_() for t in (q, k, v)]
+    o, _ = R.attention(*ins, causal=causal)
+    want = torch.autograd.grad(o, ins, do[:1, :, :1].float())
+    return all(rel_err(g[:1, :, :1], w) <= tolerance("attention", dtype, grad=True) for g, w in zip(grads, want))
+
+
 def measure(dtype, d, dv, causal, mode, cls, device):
     b, s = CLASSES[cls]
     q = torch.randn(b, s, HEADS, d, device=device, dtype=dtype)
     k = torch.randn(b, s, HEADS, d, device=device, dtype=dtype)
     v = torch.randn(b, s, HEADS, dv, device=device, dtype=dtype)
     lse = mode == "fwd+lse"
+    train = mode == "train"
+    if train:
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        do = torch.randn(b, s, HEADS, dv, device=device, dtype=dtype)
     times, notes = {}, {}
     for impl in registry.impls("flash_attention"):
         name = str(impl.backend)
         if name == "reference":
             continue
-        fn = lambda: ks.flash_attention(q, k, v, causal=causal, return_lse=lse, backend=name)  # noqa: E731
+        fwd = lambda: ks.flash_attention(q, k, v, causal=causal, return_lse=lse, backend=name)  # noqa: E731
+        fn = (lambda: torch.autograd.grad(fwd(), (q, k, v), do)) if train else fwd  # noqa: E731
         try:
-            res = fn()
+            res = fwd()
+            if train:
+                grads = torch.autograd.grad(res, (q, k, v), do)
         except ks.UnsupportedError as exc:
             notes[name] = exc.reason[:120]
             continue
@@ -69,10 +86,12 @@ def measure(dtype, d, dv, causal, mode, cls, device):
             notes[name] = f"{type(exc).__name__}: {str(exc)[:120]}"
             continue
         out, l = (res.out, res.lse) if lse else (res, None)
-        if not _check(out, l, q, k, v, causal, dtype):
+        if not _check(out.detach(), l, q.detach(), k.detach(), v.detach(), causal, dtype) \
+                or (train and not _check_grads(grads, q, k, v, do, causal, dtype)):
             notes[name] = "WRONG result: not ranked"
             continue
-        times[name] = timing.cuda_time_ms(fn, warmup=3, reps=10, min_ms=50.0)
+        times[name] = timing.cuda_time_ms(fn, warmup=2 if train else 3, reps=5 if train else 10,
+                                          min_ms=20.0 if train else 50.0)
     return (b, s, HEADS, HEADS, d, dv), times, notes
 
 
@@ -121,6 +140,7 @@ def main() -> int:
     ap.add_argument("--tune", action="store_true", help="also sweep the Triton kernels' tiles")
     ap.add_argument("--dtypes", default="bfloat16,float16")
     ap.add_argument("--quick", action="store_true", help="head dims 64/128 and bf16 only")
+    ap.add_argument("--modes", default="fwd,fwd+lse,train", help="modes to measure (rows of other modes are kept)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -134,7 +154,7 @@ def main() -> int:
     for dtype in dtypes:
         for d, dv in dims:
             for causal in (True, False):
-                for mode in ("fwd", "fwd+lse"):
+                for mode in args.modes.split(","):
                     for cls in CLASSES:
                         shape, times, notes = measure(dtype, d, dv, causal, mode, cls, device)
                         order = sorted(times, key=times.get)
@@ -165,7 +185,8 @@ def main() -> int:
     old = dispatch_table.TABLE
     table = {"format": 1,
              "measured_on": [m for m in old.get("measured_on", []) if m.get("arch") != arch] + [env],
-             "rows": [r for r in old.get("rows", []) if r["arch"] != arch] + rows}
+             "rows": [r for r in old.get("rows", []) if not (r["arch"] == arch and r["mode"] in args.modes.split(","))
+                      ] + rows}
     text = TABLE_PATH.read_text()
     head = text[: text.index("TABLE = ")]
     head = head.replace("Empty until the lead runs the script on the GPU machine (no row is guessed).\n", "")

@@ -315,7 +315,51 @@ def _select(op: str, backend: str, args: tuple, kw: dict, backward: bool = False
 _SDPA_NAMES = frozenset(str(b) for b in AttnBackend)
 
 
+def _train_backend(op, backend, q, k, v, cu_q, cu_k, max_q, max_k, causal, left, right, softcap, sinks) -> str | None:
+    """The SDPA backend that runs a training call (autograd, no LSE asked) with its own backward, or
+    None: the call goes through our op (forward with LSE, our backward). Under AUTO the table's
+    "train" rows rank the candidates (priorities without a row); a named SDPA backend runs or raises."""
+    if op != "flash_attention" or (backend not in _SDPA_NAMES and backend != AUTO):
+        return None
+    kw = {**_kw(causal, left, right, softcap, sinks, False, max_q, max_k), "train": True}
+    impl = _select(op, backend, (q, k, v, cu_q, cu_k), kw)
+    return str(impl.backend) if str(impl.backend) in _SDPA_NAMES else None
+
+
+@torch.compiler.assume_constant_result
+def _traced_train_backend(op: str, backend: str, device: str, dtype: str, shapes: tuple, strides: tuple,
+                          grads: tuple, opts: tuple) -> str:
+    """_train_backend at torch.compile trace time, from constants only (a constant of the graph,
+    guarded by the tensors' shapes, dtypes, devices and requires_grad): builds stand-ins of q, k, v
+    of the same shapes and strides for torch's can_use_* checks. "" means our op."""
+    causal, left, right, softcap, has_sinks = opts
+    dt = getattr(torch, dtype)
+    q, k, v = (torch.empty_strided(sh, st, dtype=dt, device=device).requires_grad_(g)
+               for sh, st, g in zip(shapes, strides, grads))
+    sinks = torch.zeros(q.shape[2], device=device) if has_sinks else None
+    return _train_backend(op, backend, q, k, v, None, None, q.shape[1], k.shape[1], causal, left, right, softcap,
+                          sinks) or ""
+
+
+def _static(*ts: torch.Tensor) -> bool:
+    return all(type(n) is int for t in ts for n in (*t.shape, *t.stride()))
+
+
 def _run(op, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, left, right, softcap, sinks, return_lse, backend):
+    train = needs_grad(q, k, v, sinks) and not return_lse
+    if train and cu_q is None:
+        if not torch.compiler.is_compiling():
+            sdpa = _train_backend(op, backend, q, k, v, cu_q, cu_k, max_q, max_k, causal, left, right, softcap, sinks)
+        elif _static(q, k, v):  # symbolic shapes (dynamic=True) keep our op: the choice needs sizes
+            sdpa = _traced_train_backend(op, backend, str(q.device), str(q.dtype).replace("torch.", ""),
+                                         (tuple(q.shape), tuple(k.shape), tuple(v.shape)),
+                                         (q.stride(), k.stride(), v.stride()),
+                                         (q.requires_grad, k.requires_grad, v.requires_grad),
+                                         (causal, left, right, softcap, sinks is not None))
+        else:
+            sdpa = None
+        if sdpa:
+            return backends.sdpa_train(sdpa, q, k, v, causal, scale)
     need_lse = bool(return_lse) or needs_grad(q, k, v, sinks)
     args = (q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, left, right, softcap, sinks, need_lse, op, backend)
     if torch.compiler.is_compiling():
@@ -405,7 +449,7 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
 
 def _kw(causal, left, right, softcap, sinks, need_lse, max_q, max_k):
     return dict(causal=causal, window=(left, right), softcap=softcap, sinks=sinks, need_lse=need_lse,
-                max_seqlen_q=max_q, max_seqlen_k=max_k)
+                max_seqlen_q=max_q, max_seqlen_k=max_k, train=False)
 
 
 def _flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: Optional[torch.Tensor],

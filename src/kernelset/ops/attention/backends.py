@@ -7,7 +7,8 @@ merge_attn_states: fwd(out_a, lse_a, out_b, lse_b) -> (out, lse).
 flash_attention / flash_attention_varlen: fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
 causal, scale, window, softcap, sinks, need_lse) -> (out, lse); bwd(dout, q, k, v, out, lse, cu_seqlens_q,
 cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window, softcap, sinks) -> (dq, dk, dv, dsinks or None).
-Candidates: our Triton kernels, SDPA's cuDNN / flash / efficient backends (dense only, forward only),
+Candidates: our Triton kernels, SDPA's cuDNN / flash / efficient backends (dense only; inference, or training
+through SDPA's own autograd: api._run, sdpa_train),
 flash_attn (when importable) and the fp32 reference; AUTO follows the measured table
 (dispatch_table.py) where a row matches, the priorities otherwise (see _table_reason).
 """
@@ -189,9 +190,29 @@ def _norm_window(causal: bool, window: tuple[int, int]) -> tuple[int, int]:
     return left, right
 
 
+def _sdpa_cpu_verdicts(q, k, v, causal: bool) -> dict[str, str | None]:
+    """On CPU torch has one fused kernel (its flash attention for CPU), which it picks when
+    ``torch._fused_sdp_choice`` says so; cuDNN and efficient attention have no CPU kernel."""
+    from torch.nn.attention import SDPBackend
+    none = "torch has no CPU kernel for this SDPA backend"
+    out: dict[str, str | None] = {str(AttnBackend.SDPA_CUDNN): none, str(AttnBackend.SDPA_EFFICIENT): none}
+    try:
+        gqa = q.shape[-2] != k.shape[-2]
+        choice = torch._fused_sdp_choice(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, 0.0, causal,
+                                         **({"enable_gqa": True} if gqa else {}))
+        ok = choice == SDPBackend.FLASH_ATTENTION.value
+        out[str(AttnBackend.SDPA_FLASH)] = None if ok else "torch._fused_sdp_choice picks no fused CPU kernel here"
+    except Exception as exc:
+        out[str(AttnBackend.SDPA_FLASH)] = f"cannot ask torch ({type(exc).__name__}: {exc})"
+    return out
+
+
 def _sdpa_verdicts(q, k, v, causal: bool) -> dict[str, str | None]:
-    """torch's own answer, with its reason, to 'can backend X run this?' (CUDA tensors only)."""
+    """torch's own answer, with its reason, to 'can backend X run this?' (its can_use_* checks see
+    the shapes, strides, dtype and requires_grad, so a training call gets the backward's limits)."""
     import warnings
+    if q.device.type == "cpu":
+        return _sdpa_cpu_verdicts(q, k, v, causal)
     out: dict[str, str | None] = {}
     try:
         from torch.backends import cuda as tbc
@@ -211,19 +232,34 @@ def _sdpa_verdicts(q, k, v, causal: bool) -> dict[str, str | None]:
     return out
 
 
+def _train(q, k, v, sinks, need_lse, return_lse, train) -> tuple[bool, bool]:
+    """(need_lse, train). ``train``: the call records autograd and asks no LSE, so a backend with its
+    own backward (SDPA) may run the whole step; None: derived from the inputs (ks.explain with
+    tensors that require grad explains a training call). ``return_lse`` is need_lse's alias."""
+    need_lse = bool(need_lse or return_lse)
+    if train is None:
+        from ...core.autograd import needs_grad
+        train = needs_grad(q, k, v, sinks)
+    return need_lse, bool(train) and not need_lse
+
+
 def _flash_key(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, *, causal=False, window=(-1, -1), softcap=0.0,
-               sinks=None, need_lse=False, max_seqlen_q=None, max_seqlen_k=None, request="auto", **_):
+               sinks=None, need_lse=False, max_seqlen_q=None, max_seqlen_k=None, request="auto", return_lse=False,
+               train=None, **_):
+    need_lse, train = _train(q, k, v, sinks, need_lse, return_lse, train)
     varlen = cu_seqlens_q is not None
     sq = (max_seqlen_q if max_seqlen_q is not None else q.shape[0]) if varlen else q.shape[1]
     sk = (max_seqlen_k if max_seqlen_k is not None else k.shape[0]) if varlen else k.shape[1]
     return (q.device, q.dtype, k.dtype, v.dtype, q.shape[-2:], k.shape[-2], v.shape[-1], varlen, sq == sk,
             shape_class(sk), bool(causal), _norm_window(bool(causal), tuple(window)), softcap > 0, sinks is not None,
-            bool(need_lse), _unit(q, k, v), str(request))
+            need_lse, train, _unit(q, k, v), str(request))
 
 
 def _flash_problem(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, *, causal=False, window=(-1, -1), softcap=0.0,
-                   sinks=None, need_lse=False, max_seqlen_q=None, max_seqlen_k=None, request="auto", **_):
+                   sinks=None, need_lse=False, max_seqlen_q=None, max_seqlen_k=None, request="auto", return_lse=False,
+                   train=None, **_):
     from ...core import config
+    need_lse, train = _train(q, k, v, sinks, need_lse, return_lse, train)
     varlen = cu_seqlens_q is not None
     op = "flash_attention_varlen" if varlen else "flash_attention"
     sq = (max_seqlen_q if max_seqlen_q is not None else q.shape[0]) if varlen else q.shape[1]
@@ -232,16 +268,24 @@ def _flash_problem(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, *, causal=Fals
     left, right = _norm_window(bool(causal), tuple(window))
     attrs = {"head_dim": q.shape[-1], "v_head_dim": v.shape[-1], "q_heads": q.shape[-2], "kv_heads": k.shape[-2],
              "seq_q": sq, "seq_k": sk, "causal": bool(causal), "window": (left, right), "softcap": softcap > 0,
-             "sinks": sinks is not None, "lse": bool(need_lse), "varlen": varlen, "unit_stride": _unit(q, k, v),
+             "sinks": sinks is not None, "lse": need_lse, "train": train, "varlen": varlen,
+             "unit_stride": _unit(q, k, v),
              "shape_class": shape_class(sk),
              "auto": str(request) == "auto" and op not in config.get().backend}
-    if q.device.type == "cuda" and not varlen:
+    if q.device.type in ("cuda", "cpu") and not varlen:
         attrs["sdpa"] = _sdpa_verdicts(q, k, v, bool(causal))
     p = Problem(op, q.device, q.dtype, (q.shape[0], sq, sk, q.shape[-2], k.shape[-2], q.shape[-1]), arch, attrs)
     row = table_row(p)
     if row is not None:
         attrs["table"] = row["id"]
     return p
+
+
+def table_mode(p: Problem) -> str:
+    """The table mode of a problem: "fwd+lse" (the forward returns the LSE: return_lse=True, or the
+    forward of a step whose backward is ours), "train" (autograd without an LSE: the fwd+bwd step,
+    where SDPA's backends run their own backward), "fwd" (inference)."""
+    return "fwd+lse" if p["lse"] else "train" if p.attrs.get("train") else "fwd"
 
 
 def table_row(p: Problem) -> dict | None:
@@ -252,7 +296,7 @@ def table_row(p: Problem) -> dict | None:
     arch = f"sm_{p.arch[0]}{p.arch[1]}"
     dt = str(p.dtype).replace("torch.", "")
     dims = str(p["head_dim"]) if p["head_dim"] == p["v_head_dim"] else f"{p['head_dim']}/{p['v_head_dim']}"
-    mode = "fwd+lse" if p["lse"] else "fwd"
+    mode = table_mode(p)
     for row in TABLE["rows"]:
         if (row["arch"], row["dtype"], str(row["head_dim"]), bool(row["causal"]), row["mode"], row["shape_class"]) \
                 == (arch, dt, dims, p["causal"], mode, p["shape_class"]):
@@ -313,12 +357,13 @@ def _triton_flash(p: Problem) -> str | None:
 
 
 def _sdpa_common(p: Problem) -> str | None:
-    if p.device.type != "cuda":
-        return f"SDPA's fused backends run CUDA tensors (q is on {p.device})"
+    if p.device.type not in ("cuda", "cpu"):
+        return f"SDPA's fused backends run CUDA (and, flash only, CPU) tensors (q is on {p.device})"
     if p["varlen"]:
         return "SDPA has no varlen (packed sequences) entry point"
     if p["lse"]:
-        return "SDPA's public API returns no LSE (needed by return_lse=True and by the backward)"
+        return ("SDPA's public API returns no LSE (return_lse=True; a training call without return_lse runs "
+                "SDPA's own backward instead)")
     if p["sinks"]:
         return "SDPA has no attention sinks"
     if p["softcap"]:
@@ -337,7 +382,7 @@ def _sdpa_own(backend: AttnBackend):
         reason = _sdpa_common(p)
         if reason:
             return reason
-        return p.attrs.get("sdpa", {}).get(str(backend), "torch's verdict is unknown (no CUDA tensor)")
+        return p.attrs.get("sdpa", {}).get(str(backend), "torch's verdict is unknown")
     return supports
 
 
@@ -458,6 +503,20 @@ def _sdpa_forward(backend: AttnBackend):
     return forward
 
 
+def sdpa_train(backend: str, q, k, v, causal: bool, scale: float) -> torch.Tensor:
+    """A training call run by SDPA pinned to one backend, through torch's autograd (SDPA records its
+    own backward, which needs no LSE of ours); compile-friendly. out [B, Sq, Hq, Dv]."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    which = {"sdpa_cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa_flash": SDPBackend.FLASH_ATTENTION,
+             "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}[str(backend)]
+    gqa = q.shape[2] != k.shape[2]
+    with sdpa_kernel([which]):
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             is_causal=causal, scale=scale, **({"enable_gqa": True} if gqa else {}))
+    return out.transpose(1, 2).contiguous()
+
+
 def _fa_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, sinks, need_lse):
     import flash_attn
     left, right = _norm_window(causal, window)
@@ -492,4 +551,5 @@ for _prio, _b in ((80, AttnBackend.SDPA_CUDNN), (70, AttnBackend.SDPA_FLASH), (6
     register_impl(Impl(op="flash_attention", backend=_b, forward=_sdpa_forward(_b), backward=None,
                        supports=functools.partial(_flash_supports, str(_b)), priority=_prio,
                        arch=ArchRange(min=(8, 0)),
-                       note="torch SDPA pinned to one backend (sdpa_kernel); inference forward"))
+                       note="torch SDPA pinned to one backend (sdpa_kernel); inference, or a training call "
+                            "without return_lse through SDPA's own autograd (api._run)"))

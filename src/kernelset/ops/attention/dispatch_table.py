@@ -3,8 +3,10 @@
 Written by ``scripts/attention_table.py`` on a GPU; do not edit by hand. Each row: the problem
 class it covers (arch, dtype, head dims "D" or "D/Dv", causal, mode, shape class) and the
 implementations in the order they ran fastest (``ms`` per backend, at the representative
-``shape`` (B, S, Hq, Hkv, D, Dv)). ``mode``: "fwd" (no LSE asked, no gradient) or "fwd+lse"
-(return_lse=True or training: the backends that return the LSE). ``shape_class`` buckets the
+``shape`` (B, S, Hq, Hkv, D, Dv)). ``mode``: "fwd" (no LSE asked, no gradient), "fwd+lse"
+(return_lse=True, or the forward of a step whose backward is ours: the backends that return the
+LSE) or "train" (autograd without return_lse: the fwd+bwd step, SDPA through its own backward;
+without "train" rows the declared priorities decide training calls). ``shape_class`` buckets the
 longest key sequence: "short" <= 1024 < "medium" <= 4096 < "long". AUTO takes the first supported
 backend of the row that matches a call; with no matching row, the declared priorities decide.
 
