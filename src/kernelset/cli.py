@@ -6,6 +6,8 @@
     ksctl verify                    every implementation against its fp32 reference (small shapes)
     ksctl bench [OP ...]            benchmarks on a GPU: table, JSON, PNG
     ksctl run                       the main job: bench on a GPU; verify + dispatch plan on CPU
+    ksctl plan --model llama-3.1-8b --gpu h100 [--dtype fp8] [--json]   what a model needs, per GPU
+    ksctl eval --model qwen3-0.6b --tiny --dtype fp32                   HF model unpatched vs kernelized
 """
 from __future__ import annotations
 
@@ -177,7 +179,19 @@ def cmd_verify(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    """The dispatch decision for each op at its benchmark shapes on this machine."""
+    """With --model: what a model needs on a GPU (hf/planning.py); without: the dispatch decision for
+    each op at its benchmark shapes on this machine."""
+    if getattr(args, "list", False):
+        return _plan_list(args)
+    if getattr(args, "model", None):
+        from kernelset.hf.planning import plan
+        try:
+            p = plan(args.model, gpu=args.gpu, dtype=args.dtype, mode=args.mode, tokens=args.tokens)
+        except ValueError as exc:
+            print(f"ksctl plan: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps(p.to_dict(), indent=1) if args.json else p.table())
+        return 0
     _use_interpreter_if_no_gpu()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     import kernelset as ks
@@ -192,6 +206,60 @@ def cmd_plan(args) -> int:
         print(f"  {entry.name:<20} hidden {shape[-1]:<7} bf16 -> {exp.chosen}" + (f"  (rejected {rejected})"
                                                                                   if rejected else ""))
     return 0
+
+
+def _plan_list(args) -> int:
+    from kernelset.core.gpus import GPUS
+    from kernelset.hf.planning import facts
+    from kernelset.hf.presets import PRESETS
+    rows = []
+    for name, cfg in sorted(PRESETS.items()):
+        f = facts(cfg)
+        rows.append({"preset": name, "model_type": f.model_type, "layers": f.layers, "hidden": f.hidden,
+                     "heads": f.heads, "kv_heads": f.kv_heads, "experts": f.experts, "mla": f.mla is not None})
+    if getattr(args, "json", False):
+        print(json.dumps({"presets": rows, "gpus": [g.to_dict() for g in GPUS]}, indent=1))
+        return 0
+    print(f"{len(rows)} presets (public config.json values):")
+    for r in rows:
+        moe = f", {r['experts']} experts" if r["experts"] else ""
+        print(f"  {r['preset']:<20} {r['model_type']:<12} {r['layers']:>3} layers, hidden {r['hidden']:<6} "
+              f"{r['heads']}/{r['kv_heads']} heads{moe}{', MLA' if r['mla'] else ''}")
+    print("\nGPUs (--gpu):")
+    for g in GPUS:
+        print(f"  {g.key:<13} {g.name:<30} {g.sm:<7} {g.memory_gib:>4g} GiB {g.bandwidth_gbs:>5g} GB/s  "
+              f"{', '.join(g.features.flags())}")
+    return 0
+
+
+def cmd_eval(args) -> int:
+    """Unpatched vs kernelized on the same input: equality proof, op counts, speed (hf/evaluate.py)."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        print("ksctl eval needs transformers (pip install 'transformers>=4.50'); ksctl plan --model does not",
+              file=sys.stderr)
+        return 2
+    _use_interpreter_if_no_gpu()
+    from kernelset.hf.evaluate import evaluate, load_model
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 on both sides of the comparison
+    model, tok, what = load_model(args.model, dtype=args.dtype, device=device, tiny_model=args.tiny,
+                                  layers=args.layers, init_std=args.init_std, seed=args.seed)
+    if args.prompt is not None:
+        if tok is None:
+            print("ksctl eval: --prompt needs a tokenizer in the model directory (presets have none)",
+                  file=sys.stderr)
+            return 2
+        ids = tok(args.prompt, return_tensors="pt").input_ids.to(device)
+    else:
+        g = torch.Generator().manual_seed(args.seed)
+        ids = torch.randint(0, model.config.vocab_size, (args.batch, args.prompt_tokens), generator=g).to(device)
+    print(f"model {what}; {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters", file=sys.stderr)
+    res = evaluate(model, ids, new_tokens=args.tokens, mode=args.mode)
+    print(json.dumps(res.to_dict(), indent=1) if args.json else res.text())
+    return 0 if res.passed else 1
 
 
 def cmd_bench(args) -> int:
@@ -225,6 +293,7 @@ def cmd_bench(args) -> int:
             continue
         print(f"[{i}/{len(cases)}] {label} ({time.time() - t0:.0f}s)", file=sys.stderr, flush=True)
         results.append(harness.run_case(spec, case, device, ceilings["copy_gbs"], backend=args.backend,
+                                        matmul_tflops=ceilings["matmul_tflops"],
                                         peers=not args.no_peers))
         print("\n".join(report.case_rows(results[-1])), flush=True)
         save()
@@ -274,8 +343,31 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("verify", help="every implementation against its fp32 reference, small shapes")
     s.add_argument("ops", nargs="*")
     s.set_defaults(fn=cmd_verify)
-    s = sub.add_parser("plan", help="the dispatch decision per op on this machine")
+    s = sub.add_parser("plan", help="the dispatch decision per op on this machine; with --model, what a model "
+                                    "needs on a GPU")
+    s.add_argument("--model", default=None, help="a preset (see --list), a config.json or a model directory")
+    s.add_argument("--gpu", default="h100", help="target GPU (see --list)")
+    s.add_argument("--dtype", default="bf16", choices=("fp32", "bf16", "fp16", "fp8", "int8", "w4a16"))
+    s.add_argument("--mode", default="inference", choices=("inference", "training"))
+    s.add_argument("--tokens", type=int, default=4096, help="tokens per forward pass for the shapes")
+    s.add_argument("--list", action="store_true", help="the presets and GPUs")
+    s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_plan)
+    s = sub.add_parser("eval", help="a HuggingFace model unpatched vs kernelized: equality proof, op counts, speed")
+    s.add_argument("--model", required=True, help="a preset (random init), a model directory or a .gguf file")
+    s.add_argument("--dtype", type=_dtype, default=torch.bfloat16)
+    s.add_argument("--tokens", type=int, default=64, help="greedy tokens to generate")
+    s.add_argument("--prompt", default=None, help="text prompt (needs the model's tokenizer)")
+    s.add_argument("--prompt-tokens", type=int, default=128, help="random prompt length without --prompt")
+    s.add_argument("--batch", type=int, default=1)
+    s.add_argument("--tiny", action="store_true", help="a preset at toy size (structure kept): runs on CPU")
+    s.add_argument("--layers", type=int, default=None, help="override the preset's layer count")
+    s.add_argument("--init-std", type=float, default=None, help="initializer_range of the random init")
+    s.add_argument("--mode", default="inference", choices=("inference", "training"))
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--device", default=None)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_eval)
     for name, fn, help_ in (("bench", cmd_bench, "benchmarks on a GPU"),
                             ("run", cmd_run, "the main job: bench on GPU, verify + plan on CPU")):
         s = sub.add_parser(name, help=help_)

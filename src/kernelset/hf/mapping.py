@@ -1,0 +1,371 @@
+"""The mapping from HuggingFace modules to kernelset ops: data, not a function per model.
+
+A :class:`Rule` says which modules are candidates (by the attributes they carry, never by the
+model family) and lists :class:`Behaviour` records: the computations such a module may perform,
+each with the kernelset replacement that performs it. ``kernelize`` runs the module's own code and
+every replacement (on the fp32 reference backends) on the same random inputs and keeps the
+behaviour that matches; a module whose behaviour matches none is left alone and reported with
+the error it showed. One probe per module class and shape, so a 32-layer model probes each
+class once.
+
+Rules (in the order they are tried on a module):
+
+- ``layer_norm``: ``nn.LayerNorm`` over one dim -> ``layer_norm``.
+- ``rms_norm``: a 1-D ``weight`` (or none) and an eps attribute (``variance_epsilon``/``eps``)
+  -> ``rms_norm``; the probe picks ``w`` or Gemma's ``1 + w`` and where the result is rounded
+  (Llama: before the weight; Gemma/OLMo-2/gpt-oss: after), from a bf16 and an fp32 copy with
+  random weights. Covers per-head q/k norms (Qwen3, Gemma 3) and MLA's latent norms.
+- ``gated_mlp``: ``gate_proj``/``up_proj``/``down_proj`` -> ``down(act(gate(x)) * up(x))`` with
+  ``swiglu`` (SiLU) or ``gelu_and_mul`` on the two projections; ``gate_up_proj``/``down_proj``
+  (Phi-3's fused projection, gate first) -> ``silu_and_mul`` / ``gelu_and_mul``.
+- ``experts_gate``: an MoE experts module's ``_apply_gate`` (transformers' experts interface):
+  concatenated gate/up -> ``silu_and_mul``/``gelu_and_mul``, gpt-oss's interleaved clamped gate
+  -> ``swiglu_oai`` (inference only: it has no backward). The expert GEMMs and routing stay torch.
+- ``embedding``: ``nn.Embedding`` lookups, plain or times ``embed_scale`` (Gemma) -> ``embedding``.
+- ``rotary`` (functions): a modeling module's ``apply_rotary_pos_emb*`` -> ``apply_rotary``: rotate
+  halves (Llama and most), half-width tables (gpt-oss), interleaved pairs written out as halves
+  (DeepSeek-V3), partial rotary (Phi-3). Probed at the first call of each shape signature, since
+  the table layout is only known then.
+- ``causal_lm_loss``: the model's ``loss_function`` when it is transformers' ``ForCausalLMLoss``
+  -> ``cross_entropy`` on the logits as they are (no fp32 copy of the logits).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+Build = Callable[[nn.Module, Any], Callable[..., Any]]  # (module, counting ops) -> replacement
+
+
+@dataclasses.dataclass(frozen=True)
+class Behaviour:
+    """One computation a candidate module may perform, and the kernelset replacement for it."""
+
+    name: str
+    ops: tuple[str, ...]
+    build: Build
+    applies: Callable[[nn.Module], bool] = lambda m: True  # attribute preconditions of this behaviour
+    training: bool = True  # the ops have a backward
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    name: str
+    doc: str
+    candidate: Callable[[nn.Module], bool]  # attributes only: cheap, no forward run
+    behaviours: tuple[Behaviour, ...]
+    probe_inputs: Callable[[nn.Module, torch.dtype], tuple]  # random inputs for the behaviour probe
+    probe_copy: bool = False  # probe a copy with random parameters in fp32 and bf16 (small modules only)
+    method: str = "forward"  # the bound method replaced on each matching module
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+
+EPS_ATTRS = ("variance_epsilon", "eps", "epsilon")
+ACT_ATTRS = ("act_fn", "activation_fn", "act")
+
+
+def eps_of(m: nn.Module) -> float | None:
+    for a in EPS_ATTRS:
+        v = getattr(m, a, None)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+    return None
+
+
+def act_of(m: nn.Module) -> nn.Module | Callable | None:
+    return next((getattr(m, a) for a in ACT_ATTRS if callable(getattr(m, a, None))), None)
+
+
+def _linear(m: nn.Module, name: str) -> bool:
+    return isinstance(getattr(m, name, None), nn.Linear)
+
+
+def _param_dtype(m: nn.Module) -> torch.dtype:
+    p = next(m.parameters(), None)
+    return p.dtype if p is not None else torch.float32
+
+
+def _param_device(m: nn.Module) -> torch.device:
+    p = next(m.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+# ---- norms ------------------------------------------------------------------------------------
+
+
+def _is_rms_candidate(m: nn.Module) -> bool:
+    if isinstance(m, (nn.LayerNorm, nn.GroupNorm, nn.Embedding, nn.Linear)) or eps_of(m) is None:
+        return False
+    w = getattr(m, "weight", None)
+    own = [n for n, _ in m.named_parameters(recurse=False)]
+    if w is None:
+        return not own and not list(m.children())
+    return isinstance(w, nn.Parameter) and w.dim() == 1 and own == ["weight"] and not list(m.children())
+
+
+def rows_layout(x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...] | None]:
+    """x, or a permutation of its leading dims that is contiguous (and the inverse permutation).
+
+    Per-head q/k norms see ``[B, H, S, D]`` views of a ``[B, S, H, D]`` projection, whose rows share
+    no single stride; a last-dim op does not care about the order of the leading dims, so it can run
+    on the permuted (contiguous) view and hand back the same view order, with no copy."""
+    if x.is_contiguous() or x.dim() < 3 or x.stride(-1) != 1:
+        return x, None
+    lead = sorted(range(x.dim() - 1), key=lambda d: -x.stride(d))
+    perm = (*lead, x.dim() - 1)
+    xp = x.permute(perm)
+    if not xp.is_contiguous():
+        return x, None
+    inverse = tuple(perm.index(d) for d in range(x.dim()))
+    return xp, inverse
+
+
+def _rms_build(offset: float, cast: str, weighted: bool = True) -> Build:
+    def build(m: nn.Module, ops: Any) -> Callable:
+        eps = eps_of(m)
+
+        def forward(hidden_states: torch.Tensor) -> torch.Tensor:
+            x, inverse = rows_layout(hidden_states)
+            y = ops.rms_norm(x, m.weight if weighted else None, eps=eps, offset=offset, cast=cast)
+            return y if inverse is None else y.permute(inverse)
+        return forward
+    return build
+
+
+def _has_weight(m: nn.Module) -> bool:
+    return getattr(m, "weight", None) is not None
+
+
+RMS_BEHAVIOURS = tuple(
+    Behaviour(f"{'(1 + w)' if offset else 'w'}, {cast} rounding", ("rms_norm",), _rms_build(offset, cast), _has_weight)
+    for offset in (0.0, 1.0) for cast in ("llama", "gemma")
+) + (Behaviour("no weight", ("rms_norm",), _rms_build(0.0, "llama", weighted=False), lambda m: not _has_weight(m)),)
+
+
+def _norm_inputs(m: nn.Module, dtype: torch.dtype) -> tuple:
+    w = getattr(m, "weight", None)
+    n = w.shape[0] if w is not None else 64
+    return (torch.randn(3, 5, n, dtype=dtype, device=_param_device(m)) * 3,)
+
+
+def _ln_candidate(m: nn.Module) -> bool:
+    return (type(m).forward is nn.LayerNorm.forward and isinstance(m, nn.LayerNorm)
+            and len(m.normalized_shape) == 1)
+
+
+def _ln_build(m: nn.Module, ops: Any) -> Callable:
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return ops.layer_norm(x, m.weight, m.bias, eps=m.eps)
+    return forward
+
+
+# ---- gated MLPs -------------------------------------------------------------------------------
+
+
+def _split_candidate(m: nn.Module) -> bool:
+    return all(_linear(m, a) for a in ("gate_proj", "up_proj", "down_proj")) and act_of(m) is not None
+
+
+def _fused_candidate(m: nn.Module) -> bool:
+    return _linear(m, "gate_up_proj") and _linear(m, "down_proj") and act_of(m) is not None
+
+
+def _split_build(kind: str) -> Build:
+    def build(m: nn.Module, ops: Any) -> Callable:
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            gate, up = m.gate_proj(x), m.up_proj(x)
+            if kind == "silu":
+                h = ops.swiglu(gate, up)
+            else:  # one [.., 2I] buffer for the GeGLU kernel; the projections are separate here
+                h = ops.gelu_and_mul(torch.cat((gate, up), -1), approximate=kind)
+            return m.down_proj(h)
+        return forward
+    return build
+
+
+def _fused_build(kind: str) -> Build:
+    def build(m: nn.Module, ops: Any) -> Callable:
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            gu = m.gate_up_proj(x)
+            h = ops.silu_and_mul(gu) if kind == "silu" else ops.gelu_and_mul(gu, approximate=kind)
+            return m.down_proj(h)
+        return forward
+    return build
+
+
+ACT_KINDS = ("silu", "tanh", "none")  # SiLU, GELU (tanh approximation), GELU (erf)
+
+
+def _mlp_inputs(m: nn.Module, dtype: torch.dtype) -> tuple:
+    lin = m.gate_proj if hasattr(m, "gate_proj") else m.gate_up_proj
+    return (torch.randn(2, 3, lin.in_features, dtype=_param_dtype(m), device=_param_device(m)),)
+
+
+# ---- MoE experts' gate ------------------------------------------------------------------------
+
+
+def _gate_candidate(m: nn.Module) -> bool:
+    return callable(getattr(m, "_apply_gate", None)) and hasattr(m, "gate_up_proj")
+
+
+def _gate_build(kind: str) -> Build:
+    def build(m: nn.Module, ops: Any) -> Callable:
+        if kind == "oai":
+            alpha, limit = float(m.alpha), float(m.limit)
+            return lambda gate_up: ops.swiglu_oai(gate_up, alpha=alpha, limit=limit)
+        if kind == "silu":
+            return lambda gate_up: ops.silu_and_mul(gate_up)
+        return lambda gate_up: ops.gelu_and_mul(gate_up, approximate=kind)
+    return build
+
+
+def _gate_inputs(m: nn.Module, dtype: torch.dtype) -> tuple:
+    # wide enough a spread that gpt-oss's clamp at +-limit (7) is exercised
+    return (torch.randn(6, 32, dtype=_param_dtype(m), device=_param_device(m)) * 5,)
+
+
+# ---- embeddings -------------------------------------------------------------------------------
+
+
+def _emb_candidate(m: nn.Module) -> bool:
+    return (isinstance(m, nn.Embedding) and m.max_norm is None and not m.scale_grad_by_freq and not m.sparse)
+
+
+def _emb_build(scaled: bool) -> Build:
+    def build(m: nn.Module, ops: Any) -> Callable:
+        def forward(input_ids: torch.Tensor) -> torch.Tensor:
+            out = ops.embedding(input_ids, m.weight)
+            return out * m.embed_scale.to(m.weight.dtype) if scaled else out
+        return forward
+    return build
+
+
+def _emb_inputs(m: nn.Module, dtype: torch.dtype) -> tuple:
+    return (torch.randint(0, m.num_embeddings, (2, 5), device=m.weight.device),)
+
+
+def _no_padding_grad(m: nn.Module) -> bool:
+    # kernelset's embedding backward gives the padding row a gradient; nn.Embedding does not
+    return m.padding_idx is None
+
+
+# ---- the table --------------------------------------------------------------------------------
+
+RULES: tuple[Rule, ...] = (
+    Rule("layer_norm", "nn.LayerNorm over the last dim", _ln_candidate,
+         (Behaviour("affine", ("layer_norm",), _ln_build),), _norm_inputs, probe_copy=True),
+    Rule("rms_norm", "RMSNorm modules (1-D weight, eps attribute)", _is_rms_candidate, RMS_BEHAVIOURS, _norm_inputs,
+         probe_copy=True),
+    Rule("gated_mlp", "gate/up/down projections with an activation", _split_candidate,
+         tuple(Behaviour(f"{'swiglu' if k == 'silu' else 'gelu_and_mul ' + k}", ("swiglu",) if k == "silu"
+                         else ("gelu_and_mul",), _split_build(k)) for k in ACT_KINDS), _mlp_inputs),
+    Rule("gated_mlp_fused", "fused gate_up projection (gate first) and down projection", _fused_candidate,
+         tuple(Behaviour(f"{'silu_and_mul' if k == 'silu' else 'gelu_and_mul ' + k}",
+                         ("silu_and_mul",) if k == "silu" else ("gelu_and_mul",), _fused_build(k)) for k in ACT_KINDS),
+         _mlp_inputs),
+    Rule("experts_gate", "MoE experts' _apply_gate (expert GEMMs and routing stay torch)", _gate_candidate,
+         (Behaviour("silu_and_mul", ("silu_and_mul",), _gate_build("silu")),
+          Behaviour("gelu_and_mul tanh", ("gelu_and_mul",), _gate_build("tanh")),
+          Behaviour("gelu_and_mul", ("gelu_and_mul",), _gate_build("none")),
+          Behaviour("swiglu_oai", ("swiglu_oai",), _gate_build("oai"),
+                    lambda m: hasattr(m, "alpha") and hasattr(m, "limit"), training=False)),
+         _gate_inputs, method="_apply_gate"),
+    Rule("embedding", "token embeddings (plain, or times embed_scale)", _emb_candidate,
+         (Behaviour("lookup", ("embedding",), _emb_build(False)),
+          Behaviour("lookup * embed_scale", ("embedding",), _emb_build(True), lambda m: hasattr(m, "embed_scale"))),
+         _emb_inputs),
+)
+
+TRAINING_PRECONDITIONS: dict[str, Callable[[nn.Module], str | None]] = {
+    "embedding": lambda m: None if _no_padding_grad(m) else
+    f"padding_idx={m.padding_idx}: nn.Embedding gives that row no gradient, kernelset's embedding does",
+}
+
+
+# ---- rotary functions -------------------------------------------------------------------------
+
+ROTARY_FUNCTIONS = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave")
+
+
+@dataclasses.dataclass(frozen=True)
+class RotaryVariant:
+    name: str
+    run: Callable[..., tuple[torch.Tensor, torch.Tensor]]  # (ops, q, k, cos, sin, unsqueeze_dim) -> (q, k)
+
+
+def _deinterleave(x: torch.Tensor, r: int) -> torch.Tensor:
+    """[.., (x0, x1), (x2, x3) ...] -> [.., x0, x2, ..., x1, x3, ...] over the first r features."""
+    rot = x[..., :r]
+    rot = torch.cat((rot[..., 0::2], rot[..., 1::2]), -1)
+    return rot if r == x.shape[-1] else torch.cat((rot, x[..., r:]), -1)
+
+
+def _rot_half(ops, q, k, cos, sin, u):
+    return tuple(ops.apply_rotary(q, k, cos, sin, unsqueeze_dim=u))
+
+
+def _rot_half_table(ops, q, k, cos, sin, u):
+    return tuple(ops.apply_rotary(q, k, torch.cat((cos, cos), -1), torch.cat((sin, sin), -1), unsqueeze_dim=u))
+
+
+def _rot_interleaved_to_halves(ops, q, k, cos, sin, u):
+    r = cos.shape[-1]
+    return tuple(ops.apply_rotary(_deinterleave(q, r), _deinterleave(k, r), cos, sin, unsqueeze_dim=u))
+
+
+ROTARY_VARIANTS = (
+    RotaryVariant("rotate halves", _rot_half),
+    RotaryVariant("rotate halves, half-width table", _rot_half_table),
+    RotaryVariant("interleaved pairs written as halves", _rot_interleaved_to_halves),
+)
+
+
+def rotary_probe_inputs(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, u: int):
+    """Small fp32 stand-ins with the trailing shapes of a real call (batch 2, 3 positions)."""
+    s_dim = 2 if u == 1 else 1
+
+    def like(t: torch.Tensor) -> torch.Tensor:
+        shape = list(t.shape)
+        shape[0] = min(shape[0], 2)
+        shape[s_dim] = 3
+        return torch.randn(shape, device=t.device)
+
+    def table(t: torch.Tensor) -> torch.Tensor:
+        # as rotary modules build them: one angle per frequency, the halves duplicated
+        shape = list(t.shape)
+        shape[0] = min(shape[0], 2)
+        shape[-2] = 3
+        shape[-1] //= 2
+        a = torch.randn(shape, device=t.device) * math.pi
+        return torch.cat((a, a), -1)
+
+    angles = table(cos)
+    return like(q), like(k), angles.cos(), angles.sin()
+
+
+# ---- the causal-LM loss -----------------------------------------------------------------------
+
+
+def causal_lm_loss(ops: Any) -> Callable:
+    """transformers' ForCausalLMLoss with kernelset's cross_entropy: shift, ignore -100, mean (or
+    sum / num_items_in_batch); reads the logits in their own dtype (fp32 math inside)."""
+    def loss_fn(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int, num_items_in_batch=None,
+                ignore_index: int = -100, shift_labels: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+        if shift_labels is None:
+            labels = F.pad(labels, (0, 1), value=ignore_index)
+            shift_labels = labels[..., 1:]
+        target = shift_labels.reshape(-1).to(logits.device)
+        flat = logits.reshape(-1, vocab_size)
+        if num_items_in_batch is None:
+            return ops.cross_entropy(flat, target, ignore_index=ignore_index, reduction="mean")
+        loss = ops.cross_entropy(flat, target, ignore_index=ignore_index, reduction="sum")
+        if torch.is_tensor(num_items_in_batch):
+            num_items_in_batch = num_items_in_batch.to(loss.device)
+        return loss / num_items_in_batch
+    return loss_fn

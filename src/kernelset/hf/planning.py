@@ -1,0 +1,524 @@
+"""``plan``: from a HuggingFace config.json (or a preset), every logical op a model needs, its shapes,
+which implementation kernelset's dispatcher would pick on a given GPU and why, what precision
+degrades there, and what kernelset does not cover yet. Needs neither a GPU nor transformers.
+
+Everything is derived from the config's fields. The only per-family data is :data:`FAMILY_TRAITS`:
+facts of an architecture that config.json does not state (Gemma's ``1 + w`` norms, Qwen3's q/k
+norms), the same facts ``kernelize`` discovers by probing the modules.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import torch
+
+from ..core import registry
+from ..core.enums import Backend
+from ..core.gpus import GPU, gpu as find_gpu
+from .presets import PRESETS, preset
+
+# Architecture facts config.json leaves implicit (kernelize finds the same by probing modules).
+FAMILY_TRAITS: dict[str, dict[str, Any]] = {
+    "gemma": {"norm_offset": 1.0, "norm_cast": "gemma", "embed_scale": True},
+    "gemma2": {"norm_offset": 1.0, "norm_cast": "gemma", "embed_scale": True, "sandwich_norms": True},
+    "gemma3_text": {"norm_offset": 1.0, "norm_cast": "gemma", "embed_scale": True, "sandwich_norms": True,
+                    "qk_norm": "head"},
+    "qwen3": {"qk_norm": "head"},
+    "qwen3_moe": {"qk_norm": "head"},
+    "olmo2": {"qk_norm": "full", "norm_cast": "gemma", "post_norms_only": True},
+    "gpt_oss": {"norm_cast": "gemma", "attention_sinks": True, "expert_gate": "swiglu_oai", "attention_bias": True},
+    "phi3": {"fused_gate_up": True},
+    "qwen2": {"attention_bias": True},
+    "qwen2_moe": {"attention_bias": True},
+    "deepseek_v3": {"rope_interleave_default": True},
+    "deepseek_v2": {"rope_interleave_default": True},
+}
+
+DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "w4a16")
+_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "w4a16": 0.5}
+_TORCH = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def load_config(spec: str | dict) -> tuple[dict[str, Any], str]:
+    """(config dict, where it came from) from a preset name, a config.json path or a model directory.
+    A multimodal config's ``text_config`` is used for the language model."""
+    if isinstance(spec, dict):
+        cfg, source = dict(spec), "config dict"
+    elif spec.strip().lower() in PRESETS:
+        cfg, source = preset(spec), f"preset {spec.strip().lower()}"
+    else:
+        path = os.path.join(spec, "config.json") if os.path.isdir(spec) else spec
+        if not os.path.isfile(path):
+            raise ValueError(f"--model {spec!r} is neither a preset ({len(PRESETS)}: see 'ksctl plan --list') "
+                             "nor a config.json / model directory")
+        with open(path) as f:
+            cfg, source = json.load(f), path
+    if isinstance(cfg.get("text_config"), dict):
+        text = dict(cfg["text_config"])
+        text.setdefault("model_type", cfg.get("model_type", "?") + "_text")
+        cfg = text
+    return cfg, source
+
+
+def _rope(cfg: dict) -> dict[str, Any]:
+    params = cfg.get("rope_parameters") or {}
+    scaling = cfg.get("rope_scaling") or {}
+    if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
+        params = params.get("full_attention") or next(iter(params.values()))  # per layer type (Gemma 3)
+    kind = scaling.get("rope_type") or scaling.get("type") or params.get("rope_type") or "default"
+    theta = cfg.get("rope_theta") or params.get("rope_theta") or 10000.0
+    factor = scaling.get("factor") or params.get("factor")
+    return {"type": kind, "theta": theta, "factor": factor}
+
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+    """The shapes and features of a model, as the config states them."""
+
+    model_type: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    activation: str  # silu | gelu_tanh | gelu | swiglu_oai
+    norm: str  # rms_norm | layer_norm
+    norm_offset: float
+    qk_norm: str | None  # head | full | None
+    rope: dict[str, Any]
+    rotary_dim: int
+    sliding_window: int | None
+    sliding_layers: int
+    attn_softcap: float | None
+    final_softcap: float | None
+    tie_embeddings: bool
+    experts: int
+    experts_per_tok: int
+    moe_intermediate: int
+    shared_intermediate: int
+    dense_layers: int
+    mla: dict[str, int] | None
+    sinks: bool
+    traits: dict[str, Any]
+
+    @property
+    def moe_layers(self) -> int:
+        return self.layers - self.dense_layers if self.experts else 0
+
+
+def facts(cfg: dict) -> Facts:
+    mt = cfg.get("model_type", "unknown")
+    traits = FAMILY_TRAITS.get(mt, {})
+    h = int(cfg["hidden_size"])
+    heads = int(cfg["num_attention_heads"])
+    kv = int(cfg.get("num_key_value_heads") or heads)
+    hd = int(cfg.get("head_dim") or h // heads)
+    act_name = str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu")
+    act = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
+           "gelu_fast": "gelu_tanh", "gelu": "gelu"}.get(act_name, act_name)
+    if traits.get("expert_gate") == "swiglu_oai":
+        act = "swiglu_oai"
+    layer_types = cfg.get("layer_types")
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) is not False else None
+    if layer_types:
+        sliding = sum(t == "sliding_attention" for t in layer_types)
+    elif window and cfg.get("sliding_window_pattern"):
+        p = int(cfg["sliding_window_pattern"])
+        sliding = sum((i + 1) % p != 0 for i in range(int(cfg["num_hidden_layers"])))
+    elif window and mt == "gemma2":
+        sliding = (int(cfg["num_hidden_layers"]) + 1) // 2
+    else:
+        sliding = int(cfg["num_hidden_layers"]) if window else 0
+    experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0)
+    mla = None
+    if cfg.get("kv_lora_rank"):
+        mla = {k: int(cfg.get(k) or 0) for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                                                  "qk_rope_head_dim", "v_head_dim")}
+    moe_inter = int(cfg.get("moe_intermediate_size") or (cfg.get("intermediate_size") if experts else 0) or 0)
+    shared = int(cfg.get("shared_expert_intermediate_size") or (cfg.get("n_shared_experts") or 0) * moe_inter)
+    dense = int(cfg.get("first_k_dense_replace") or 0)
+    if experts and cfg.get("mlp_only_layers"):
+        dense = len(cfg["mlp_only_layers"])
+    if mla:
+        hd = mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"]
+    rot = mla["qk_rope_head_dim"] if mla else int(hd * float(cfg.get("partial_rotary_factor") or 1.0))
+    return Facts(
+        model_type=mt, hidden=h, layers=int(cfg["num_hidden_layers"]), heads=heads, kv_heads=kv, head_dim=hd,
+        intermediate=int(cfg.get("intermediate_size") or 4 * h), vocab=int(cfg["vocab_size"]), activation=act,
+        norm="layer_norm" if ("layer_norm_eps" in cfg or "layer_norm_epsilon" in cfg) and "rms_norm_eps" not in cfg
+        else "rms_norm", norm_offset=float(traits.get("norm_offset", 0.0)), qk_norm=traits.get("qk_norm"),
+        rope=_rope(cfg), rotary_dim=rot, sliding_window=int(window) if window else None, sliding_layers=sliding,
+        attn_softcap=cfg.get("attn_logit_softcapping"), final_softcap=cfg.get("final_logit_softcapping"),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)), experts=experts,
+        experts_per_tok=int(cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0),
+        moe_intermediate=moe_inter if experts else 0, shared_intermediate=shared if experts else 0,
+        dense_layers=dense if experts else 0, mla=mla, sinks=bool(traits.get("attention_sinks")), traits=traits)
+
+
+def parameter_count(f: Facts) -> int:
+    """Parameters from the shapes (norms and biases included where they are large enough to matter)."""
+    h, L = f.hidden, f.layers
+    emb = f.vocab * h * (1 if f.tie_embeddings else 2)
+    if f.mla:
+        m = f.mla
+        qk = m["qk_nope_head_dim"] + m["qk_rope_head_dim"]
+        q = (h * m["q_lora_rank"] + m["q_lora_rank"] * f.heads * qk) if m["q_lora_rank"] else h * f.heads * qk
+        attn = q + h * (m["kv_lora_rank"] + m["qk_rope_head_dim"]) + m["kv_lora_rank"] * f.heads * (
+            m["qk_nope_head_dim"] + m["v_head_dim"]) + f.heads * m["v_head_dim"] * h
+    else:
+        attn = h * f.heads * f.head_dim * 2 + h * f.kv_heads * f.head_dim * 2
+    dense_mlp = 3 * h * f.intermediate
+    moe_mlp = f.experts * 3 * h * f.moe_intermediate + h * f.experts + 3 * h * f.shared_intermediate
+    mlp = (f.layers - f.moe_layers) * dense_mlp + f.moe_layers * moe_mlp
+    return emb + L * attn + mlp + (2 * L + 1) * h
+
+
+def kv_bytes_per_token(f: Facts, elem: float) -> float:
+    if f.mla:
+        return f.layers * (f.mla["kv_lora_rank"] + f.mla["qk_rope_head_dim"]) * elem
+    return 2 * f.layers * f.kv_heads * f.head_dim * elem
+
+
+# ---- what the dispatcher would pick on the target -----------------------------------------------
+
+
+def _meta(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def _example(op: str, shape: dict[str, int], dt: torch.dtype) -> tuple | None:
+    """Meta tensors for a call of ``op`` (None where the plan does not model the call's arguments)."""
+    t, h = shape.get("tokens", 1), shape.get("hidden", 1)
+    if op in ("rms_norm",):
+        return _meta(t, h, dtype=dt), _meta(h, dtype=dt)
+    if op == "layer_norm":
+        return _meta(t, h, dtype=dt), _meta(h, dtype=dt), _meta(h, dtype=dt)
+    if op in ("silu_and_mul", "gelu_and_mul", "swiglu_oai"):
+        return _meta(t, 2 * shape["inter"], dtype=dt), None
+    if op == "swiglu":
+        return _meta(t, shape["inter"], dtype=dt), _meta(t, shape["inter"], dtype=dt)
+    if op == "apply_rotary":
+        return (_meta(1, shape["heads"], t, shape["dim"], dtype=dt), _meta(1, shape["kv_heads"], t, shape["dim"], dtype=dt),
+                _meta(1, t, shape["rot"], dtype=dt), _meta(1, t, shape["rot"], dtype=dt))
+    if op == "embedding":
+        return _meta(t, dtype=torch.int64), _meta(shape["vocab"], h, dtype=dt)
+    if op == "cross_entropy":
+        return _meta(t, shape["vocab"], dtype=dt), _meta(t, dtype=torch.int64)
+    if op == "softmax":
+        return (_meta(t, shape["vocab"], dtype=dt),)
+    if op == "linear_cross_entropy":
+        return _meta(t, h, dtype=dt), _meta(shape["vocab"], h, dtype=dt), _meta(t, dtype=torch.int64)
+    if op == "flash_attention":
+        q = _meta(1, t, shape["heads"], shape["dim"], dtype=dt)
+        k = _meta(1, t, shape["kv_heads"], shape["dim"], dtype=dt)
+        v = _meta(1, t, shape["kv_heads"], shape.get("v_dim", shape["dim"]), dtype=dt)
+        return (q, k, v, None, None, {"causal": True, "window": shape.get("window", (-1, -1)),
+                                      "softcap": shape.get("softcap", 0.0), "sinks": None, "need_lse": False,
+                                      "max_seqlen_q": t, "max_seqlen_k": t})
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    impl: str  # the backend the dispatcher would pick, or "torch" when kernelset has no such op
+    why: str
+
+
+def choose(op: str | None, shape: dict[str, int], dt: torch.dtype, target: GPU) -> Choice:
+    """The dispatcher's AUTO choice for ``op`` on ``target``: the registry's implementations in
+    priority order, each checked for arch range and ``supports`` on a problem built from meta
+    tensors and moved to the target arch. Backends that need a package are assumed installable
+    there only for Triton (a kernelset dependency); others are named as optional."""
+    if op is None:
+        return Choice("torch", "kernelset has no such op yet")
+    try:
+        impls = registry.impls(op)
+    except ValueError:
+        return Choice("torch", f"{op} is not in this kernelset build")
+    problem = None
+    args = _example(op, shape, dt)
+    if args is not None:
+        try:
+            kwargs = args[-1] if isinstance(args[-1], dict) else {}
+            p = registry.op(op).problem(*(args[:-1] if kwargs else args), **kwargs)
+            if kwargs.get("sinks") is None and "sinks" in p.attrs and shape.get("sinks"):
+                p = dataclasses.replace(p, attrs={**p.attrs, "sinks": True})
+            problem = dataclasses.replace(p, device=torch.device("cuda"), arch=target.arch)
+        except Exception as exc:  # a problem() that cannot take meta tensors: decide on arch only
+            problem = None
+            note = f"supports() not evaluated ({type(exc).__name__})"
+    rejected = []
+    for impl in impls:
+        if impl.backend is Backend.REFERENCE:
+            return Choice("reference", "; ".join(rejected) or "the only implementation")
+        reason = impl.arch.check(target.arch)
+        if reason is None and problem is not None:
+            try:
+                reason = impl.supports(problem)
+            except Exception as exc:
+                reason = f"supports() raised {type(exc).__name__}"
+        if reason is None and impl.backend is not Backend.TRITON and impl.requires:
+            missing = impl.availability()
+            if missing:
+                reason = f"needs {', '.join(impl.requires)} installed"
+        if reason is None:
+            why = f"priority {impl.priority}, arch {impl.arch}"
+            if problem is None:
+                why += "; supports() " + ("not modelled for this op" if args is None else note)
+            if rejected:
+                why += "; rejected " + "; ".join(rejected)
+            return Choice(str(impl.backend), why)
+        rejected.append(f"{impl.backend}: {reason}")
+    return Choice("none", "; ".join(rejected))
+
+
+# ---- the plan ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class OpRow:
+    logical: str  # what the model computes
+    kernelset_op: str | None  # the kernelset op that computes it (None: not covered)
+    shape: str
+    count: int  # calls per forward pass
+    impl: str
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelPlan:
+    model: str
+    source: str
+    gpu: GPU
+    dtype: str
+    compute_dtype: str  # activations and non-GEMM ops
+    gemm_dtype: str  # what the GEMMs actually run in on this GPU
+    mode: str
+    tokens: int
+    facts: Facts
+    rows: tuple[OpRow, ...]
+    degraded: tuple[str, ...]
+    not_covered: tuple[str, ...]
+    params: int
+    weight_gb: float
+    kv_bytes_per_token: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "source": self.source, "gpu": self.gpu.to_dict(), "dtype": self.dtype,
+            "compute_dtype": self.compute_dtype, "gemm_dtype": self.gemm_dtype, "mode": self.mode,
+            "tokens": self.tokens, "facts": dataclasses.asdict(self.facts), "params": self.params,
+            "weight_gb": round(self.weight_gb, 2), "kv_bytes_per_token": self.kv_bytes_per_token,
+            "fits": self.weight_gb <= self.gpu.memory_gib * 1.073741824,
+            "ops": [dataclasses.asdict(r) for r in self.rows],
+            "degraded": list(self.degraded), "not_covered": list(self.not_covered),
+        }
+
+    def table(self) -> str:
+        f, g = self.facts, self.gpu
+        gqa = f"GQA {f.heads // max(f.kv_heads, 1)}" if f.kv_heads != f.heads else "MHA"
+        extra = []
+        if f.experts:
+            extra.append(f"MoE {f.experts} experts top-{f.experts_per_tok} (expert MLP {f.moe_intermediate}"
+                         + (f", shared {f.shared_intermediate}" if f.shared_intermediate else "")
+                         + (f", {f.dense_layers} dense layers" if f.dense_layers else "") + ")")
+        if f.mla:
+            extra.append("MLA " + ", ".join(f"{k} {v}" for k, v in f.mla.items()))
+        if f.sliding_window:
+            extra.append(f"sliding window {f.sliding_window} on {f.sliding_layers}/{f.layers} layers")
+        if f.attn_softcap or f.final_softcap:
+            extra.append(f"softcap attn {f.attn_softcap} final {f.final_softcap}")
+        rope = f"rope {f.rope['type']}" + (f" x{f.rope['factor']}" if f.rope.get("factor") else "") + \
+            f" theta {f.rope['theta']:g}" + (f" on {f.rotary_dim}/{f.head_dim} dims" if f.rotary_dim != f.head_dim else "")
+        fits = "fits" if self.weight_gb <= g.memory_gib * 1.073741824 else "does NOT fit"
+        lines = [
+            f"model {self.model} ({self.source}): {f.model_type}, {f.layers} layers, hidden {f.hidden}, "
+            f"{f.heads}/{f.kv_heads} heads ({gqa}), head dim {f.head_dim}, MLP {f.intermediate} {f.activation}, "
+            f"vocab {f.vocab}, {rope}" + ("; " + "; ".join(extra) if extra else ""),
+            f"gpu {g.name} {g.sm} ({g.features.name}: {', '.join(g.features.flags())}), {g.memory_gib:g} GiB, "
+            f"{g.bandwidth_gbs:g} GB/s, {g.sms} SMs, smem {g.features.smem_per_block_kib} KiB/block",
+            f"dtype {self.dtype} (activations {self.compute_dtype}, GEMMs {self.gemm_dtype}); mode {self.mode}; "
+            f"{self.tokens} tokens per forward",
+            f"{self.params / 1e9:.2f}B parameters, weights {self.weight_gb:.1f} GB ({fits} in {g.memory_gib:g} GiB); "
+            f"KV cache {self.kv_bytes_per_token / 1024:.0f} KiB/token",
+            "",
+            f"{'logical op':<34} {'calls':>5}  {'shape':<34} {'kernelset op':<22} {'picks':<11} why",
+        ]
+        for r in self.rows:
+            lines.append(f"{r.logical:<34} {r.count:>5}  {r.shape:<34} {r.kernelset_op or '-':<22} {r.impl:<11} {r.why}")
+        if self.degraded:
+            lines += ["", "precision on this GPU:"] + [f"  {d}" for d in self.degraded]
+        if self.not_covered:
+            lines += ["", "not covered by kernelset yet (runs in torch):"] + [f"  {n}" for n in self.not_covered]
+        return "\n".join(lines)
+
+
+def _precision(dtype: str, g: GPU) -> tuple[str, str, list[str]]:
+    """(activation dtype, GEMM dtype, degradations) for a requested precision on a GPU."""
+    feats = g.features
+    notes = []
+    act = "fp16" if dtype == "fp16" else "fp32" if dtype == "fp32" else "bf16"
+    if act == "bf16" and not feats.bf16:
+        notes.append(f"bf16: {g.sm} has no bf16 tensor cores; activations and GEMMs degrade to fp16 "
+                     "(overflow risk on models trained in bf16) or to fp32 (slow)")
+        act = "fp16"
+    gemm = act
+    if dtype == "fp8":
+        if feats.fp8:
+            gemm = "fp8"
+        else:
+            notes.append(f"fp8: {g.name} ({g.sm}) has no fp8 tensor cores (sm_89+); fp8 weights are "
+                         f"dequantized and GEMMs run in {act} (2x the weight bytes of fp8)")
+    elif dtype == "int8":
+        gemm = "int8" if feats.int8 else act
+        if not feats.int8:
+            notes.append(f"int8: {g.sm} has no int8 tensor cores; GEMMs run in {act}")
+    elif dtype == "w4a16":
+        gemm = "w4a16"
+        notes.append("w4a16: weight-only 4-bit needs a dequantizing GEMM; tensor cores run in " + act)
+    return act, gemm, notes
+
+
+def plan(model: str | dict, *, gpu: str | GPU = "h100", dtype: str = "bf16", mode: str = "inference",
+         tokens: int = 4096, decode_batch: int = 32) -> ModelPlan:
+    """The plan for a config.json / model directory / preset (``model``) on ``gpu``."""
+    cfg, source = load_config(model)
+    name = model if isinstance(model, str) else cfg.get("_name_or_path", "config")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if mode not in ("inference", "training"):
+        raise ValueError(f"mode must be 'inference' or 'training', got {mode!r}")
+    g = gpu if isinstance(gpu, GPU) else find_gpu(gpu)
+    f = facts(cfg)
+    act, gemm, degraded = _precision(dtype, g)
+    dt = _TORCH[act]
+    T, L, H = tokens, f.layers, f.hidden
+    rows: list[OpRow] = []
+    not_covered: list[str] = []
+
+    def row(logical: str, op: str | None, shape_text: str, count: int, shape: dict[str, int] | None = None,
+            note: str = "") -> None:
+        c = choose(op, shape or {}, dt, g)
+        why = c.why + (f"; {note}" if note else "")
+        rows.append(OpRow(logical, op if c.impl != "torch" or op is None else None, shape_text, count, c.impl, why))
+        if c.impl == "torch":
+            not_covered.append(f"{logical}: {c.why}" + (f" ({note})" if note else ""))
+
+    norm_op = f.norm
+    norm_shape = {"tokens": T, "hidden": H}
+    emb_note = "times sqrt(hidden) (embed_scale)" if f.traits.get("embed_scale") else ""
+    row("token embedding", "embedding", f"ids [{T}] -> [{T}, {H}]", 1, {"tokens": T, "hidden": H, "vocab": f.vocab},
+        emb_note)
+    per_layer = 4 if f.traits.get("sandwich_norms") else 2
+    norm_desc = f"{norm_op}" + (" (1 + w)" if f.norm_offset else "") + (
+        ", rounded after the weight" if f.traits.get("norm_cast") == "gemma" else "")
+    row(f"decoder norms ({norm_desc})", norm_op, f"[{T}, {H}]", per_layer * L + 1, norm_shape,
+        "fused_add_rms_norm fuses the residual add where the engine owns the layer loop")
+    if f.mla:
+        m = f.mla
+        qk = m["qk_nope_head_dim"] + m["qk_rope_head_dim"]
+        row("MLA latent norms", "rms_norm", f"[{T}, {m['kv_lora_rank']}], [{T}, {m['q_lora_rank']}]",
+            L * (2 if m["q_lora_rank"] else 1), {"tokens": T, "hidden": m["kv_lora_rank"]})
+        row("MLA projections (q_a/q_b/kv_a/kv_b/o)", None, f"ranks q {m['q_lora_rank']} kv {m['kv_lora_rank']}",
+            5 * L, note=f"GEMMs in {gemm}")
+        interleaved = bool(cfg.get("rope_interleave", f.traits.get("rope_interleave_default", False)))
+        row("rope on the rope part" + (" (interleaved pairs)" if interleaved else ""), "apply_rotary",
+            f"q [{T}, {f.heads}, {m['qk_rope_head_dim']}], k [{T}, 1, {m['qk_rope_head_dim']}]", L,
+            {"tokens": T, "heads": f.heads, "kv_heads": 1, "dim": m["qk_rope_head_dim"], "rot": m["qk_rope_head_dim"]})
+        row("MLA prefill attention", "flash_attention" if _has("flash_attention") else None,
+            f"q/k dim {qk}, v dim {m['v_head_dim']}, {f.heads} heads", L,
+            {"tokens": T, "heads": f.heads, "kv_heads": f.heads, "dim": qk, "v_dim": m["v_head_dim"]},
+            note="qk 192 / v 128 through flash_attention's Dv" if qk == 192 else "")
+        row("MLA decode over the latent cache", "mla_decode" if _has("mla_decode") else None,
+            f"[B={decode_batch}] latent {m['kv_lora_rank']}+{m['qk_rope_head_dim']}", L)
+    else:
+        qkv = (f.heads + 2 * f.kv_heads) * f.head_dim
+        row("QKV projection", None, f"[{T}, {H}] x [{H}, {qkv}]", L,
+            note=f"GEMM in {gemm}" + (", with bias" if f.traits.get("attention_bias") else ""))
+        if f.qk_norm == "head":
+            row("per-head q/k RMSNorm" + (" (1 + w)" if f.norm_offset else ""), "rms_norm",
+                f"[{T}, {f.heads}+{f.kv_heads}, {f.head_dim}]", 2 * L, {"tokens": T * f.heads, "hidden": f.head_dim},
+                "qk_norm_rope fuses it with RoPE in serving layout")
+        elif f.qk_norm == "full":
+            row("q/k RMSNorm over all heads", "rms_norm", f"[{T}, {f.heads * f.head_dim}]", 2 * L,
+                {"tokens": T, "hidden": f.heads * f.head_dim})
+        rope_note = f"{f.rope['type']} tables from rope_cache"
+        row(f"rotary embedding ({f.rotary_dim}/{f.head_dim} dims)", "apply_rotary",
+            f"q [{T}, {f.heads}, {f.head_dim}], k [{T}, {f.kv_heads}, {f.head_dim}]", L,
+            {"tokens": T, "heads": f.heads, "kv_heads": f.kv_heads, "dim": f.head_dim, "rot": f.rotary_dim}, rope_note)
+        opts = [o for o, on in (("causal", True), (f"window {f.sliding_window} on {f.sliding_layers} layers",
+                                                     bool(f.sliding_window)),
+                                (f"softcap {f.attn_softcap}", bool(f.attn_softcap)), ("sinks", f.sinks)) if on]
+        row("attention prefill", "flash_attention" if _has("flash_attention") else None,
+            f"{f.heads}/{f.kv_heads} heads, D {f.head_dim}, S {T}", L,
+            {"tokens": T, "heads": f.heads, "kv_heads": f.kv_heads, "dim": f.head_dim,
+             "window": (f.sliding_window - 1, 0) if f.sliding_window else (-1, -1),
+             "softcap": float(f.attn_softcap or 0.0), "sinks": f.sinks},
+            ", ".join(opts) + "; AUTO also consults the measured attention table on the device")
+        row("KV cache write (paged)", "reshape_and_cache" if _has("reshape_and_cache") else None,
+            f"[{decode_batch}, {f.kv_heads}, {f.head_dim}]", L)
+        row("attention decode (paged KV)", "paged_attention" if _has("paged_attention") else None,
+            f"B {decode_batch}, {f.heads}/{f.kv_heads} heads, D {f.head_dim}", L, note=", ".join(opts[1:]))
+        row("output projection", None, f"[{T}, {f.heads * f.head_dim}] x [{f.heads * f.head_dim}, {H}]", L,
+            note=f"GEMM in {gemm}")
+    dense_layers = L - f.moe_layers
+    act_op = {"silu": "swiglu", "gelu_tanh": "gelu_and_mul", "gelu": "gelu_and_mul", "swiglu_oai": "swiglu_oai"}.get(
+        f.activation)
+    if f.traits.get("fused_gate_up") and f.activation == "silu":
+        act_op = "silu_and_mul"
+    if dense_layers:
+        row("MLP gate/up + down projections", None, f"[{T}, {H}] x [{H}, 2x{f.intermediate}]", 2 * dense_layers,
+            note=f"GEMMs in {gemm}")
+        row(f"gated activation ({f.activation})", act_op, f"[{T}, {f.intermediate}]", dense_layers,
+            {"tokens": T, "inter": f.intermediate})
+    if f.moe_layers:
+        row("MoE router (logits, softmax, top-k)", None, f"[{T}, {H}] x [{H}, {f.experts}], top-{f.experts_per_tok}",
+            f.moe_layers, note="softmax exists; routing and top-k are not fused")
+        row("MoE expert GEMMs (grouped)", None, f"{f.experts} x [{H}, 2x{f.moe_intermediate}]", 2 * f.moe_layers,
+            note=f"grouped GEMM in {gemm}")
+        moe_act = "swiglu_oai" if f.activation == "swiglu_oai" else "silu_and_mul" if f.activation == "silu" \
+            else "gelu_and_mul"
+        row(f"expert gated activation ({f.activation})", moe_act,
+            f"[{T * f.experts_per_tok}, {f.moe_intermediate}]", f.moe_layers,
+            {"tokens": T * f.experts_per_tok, "inter": f.moe_intermediate},
+            "forward only: training keeps torch" if moe_act == "swiglu_oai" and mode == "training" else "")
+        if f.shared_intermediate:
+            row("shared expert activation", act_op, f"[{T}, {f.shared_intermediate}]", f.moe_layers,
+                {"tokens": T, "inter": f.shared_intermediate})
+    row("LM head", None, f"[{T}, {H}] x [{H}, {f.vocab}]", 1,
+        note=f"GEMM in {gemm}" + (f"; final softcap {f.final_softcap}" if f.final_softcap else ""))
+    if mode == "training":
+        if _has("linear_cross_entropy"):
+            row("LM head + loss, logits never stored", "linear_cross_entropy", f"[{T}, {H}] x [{H}, {f.vocab}]", 1,
+                {"tokens": T, "hidden": H, "vocab": f.vocab}, "softcap fused" if f.final_softcap else "")
+        else:
+            row("causal-LM loss", "cross_entropy", f"[{T}, {f.vocab}]", 1, {"tokens": T, "vocab": f.vocab})
+        row("optimizer (AdamW, fp32 states)", "adamw", f"{parameter_count(f) / 1e9:.2f}B params", 1)
+        row("gradient clipping", "clip_grad_norm", "global 2-norm", 1)
+    else:
+        row("sampling softmax", "softmax", f"[{decode_batch}, {f.vocab}]", 1, {"tokens": decode_batch, "vocab": f.vocab})
+    params = parameter_count(f)
+    weight_gb = params * _BYTES[dtype if dtype in _BYTES else "bf16"] / 1e9
+    if dtype == "fp8" and gemm != "fp8":
+        weight_gb = params * 2 / 1e9
+    if mode == "training":
+        weight_gb = params * (2 + 2 + 12) / 1e9  # bf16 weights + grads, fp32 master + two moments
+        degraded.append("training memory counts bf16 weights and gradients plus fp32 master weights and AdamW "
+                        "moments (16 bytes/parameter), activations excluded")
+    kv = kv_bytes_per_token(f, 1 if dtype == "fp8" and g.features.fp8 else 2)
+    return ModelPlan(model=name, source=source, gpu=g, dtype=dtype, compute_dtype=act, gemm_dtype=gemm, mode=mode,
+                     tokens=tokens, facts=f, rows=tuple(rows), degraded=tuple(degraded),
+                     not_covered=tuple(not_covered), params=params, weight_gb=weight_gb, kv_bytes_per_token=kv)
+
+
+def _has(op: str) -> bool:
+    try:
+        registry.op(op)
+        return True
+    except ValueError:
+        return False

@@ -1,0 +1,209 @@
+"""Presets: the public config.json values of well-known open models, and tiny versions of them.
+
+Each preset is only what the model's own ``config.json`` says (the fields ``plan`` and transformers
+read); nothing here says which kernels a model needs: ``plan`` derives that. ``tiny(name)`` keeps
+a preset's structure (GQA ratio, q/k norm, MoE, MLA, sliding window, softcaps, rope scaling) at toy
+sizes, for the CPU tests and ``ksctl eval --tiny``.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+_LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192}
+
+
+def _cfg(model_type: str, hidden: int, layers: int, heads: int, kv: int, inter: int, vocab: int, **extra: Any) -> dict:
+    out = {"model_type": model_type, "hidden_size": hidden, "num_hidden_layers": layers,
+           "num_attention_heads": heads, "num_key_value_heads": kv, "intermediate_size": inter, "vocab_size": vocab}
+    out.update(extra)
+    return out
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Llama family
+    "llama-2-7b": _cfg("llama", 4096, 32, 32, 32, 11008, 32000, max_position_embeddings=4096, rms_norm_eps=1e-5,
+                       rope_theta=10000.0, hidden_act="silu"),
+    "llama-2-70b": _cfg("llama", 8192, 80, 64, 8, 28672, 32000, max_position_embeddings=4096, rms_norm_eps=1e-5,
+                        rope_theta=10000.0, hidden_act="silu"),
+    "llama-3-8b": _cfg("llama", 4096, 32, 32, 8, 14336, 128256, max_position_embeddings=8192, rms_norm_eps=1e-5,
+                       rope_theta=500000.0, hidden_act="silu"),
+    "llama-3.1-8b": _cfg("llama", 4096, 32, 32, 8, 14336, 128256, max_position_embeddings=131072, rms_norm_eps=1e-5,
+                         rope_theta=500000.0, rope_scaling=_LLAMA3_ROPE, hidden_act="silu"),
+    "llama-3.1-70b": _cfg("llama", 8192, 80, 64, 8, 28672, 128256, max_position_embeddings=131072,
+                          rms_norm_eps=1e-5, rope_theta=500000.0, rope_scaling=_LLAMA3_ROPE, hidden_act="silu"),
+    "llama-3.1-405b": _cfg("llama", 16384, 126, 128, 8, 53248, 128256, max_position_embeddings=131072,
+                           rms_norm_eps=1e-5, rope_theta=500000.0, rope_scaling=_LLAMA3_ROPE, hidden_act="silu"),
+    "llama-3.2-1b": _cfg("llama", 2048, 16, 32, 8, 8192, 128256, head_dim=64, max_position_embeddings=131072,
+                         rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True, hidden_act="silu",
+                         rope_scaling=dict(_LLAMA3_ROPE, factor=32.0)),
+    "llama-3.2-3b": _cfg("llama", 3072, 28, 24, 8, 8192, 128256, head_dim=128, max_position_embeddings=131072,
+                         rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True, hidden_act="silu",
+                         rope_scaling=dict(_LLAMA3_ROPE, factor=32.0)),
+    "tinyllama-1.1b": _cfg("llama", 2048, 22, 32, 4, 5632, 32000, max_position_embeddings=2048, rms_norm_eps=1e-5,
+                           rope_theta=10000.0, hidden_act="silu"),
+    "smollm2-1.7b": _cfg("llama", 2048, 24, 32, 32, 8192, 49152, max_position_embeddings=8192, rms_norm_eps=1e-5,
+                         rope_theta=130000.0, tie_word_embeddings=True, hidden_act="silu"),
+    # Mistral
+    "mistral-7b-v0.1": _cfg("mistral", 4096, 32, 32, 8, 14336, 32000, max_position_embeddings=32768,
+                            sliding_window=4096, rms_norm_eps=1e-5, rope_theta=10000.0, hidden_act="silu"),
+    "mistral-7b-v0.3": _cfg("mistral", 4096, 32, 32, 8, 14336, 32768, max_position_embeddings=32768,
+                            sliding_window=None, rms_norm_eps=1e-5, rope_theta=1000000.0, hidden_act="silu"),
+    "mistral-nemo-12b": _cfg("mistral", 5120, 40, 32, 8, 14336, 131072, head_dim=128,
+                             max_position_embeddings=1024000, sliding_window=None, rms_norm_eps=1e-5,
+                             rope_theta=1000000.0, hidden_act="silu"),
+    "mixtral-8x7b": _cfg("mixtral", 4096, 32, 32, 8, 14336, 32000, num_local_experts=8, num_experts_per_tok=2,
+                         max_position_embeddings=32768, sliding_window=None, rms_norm_eps=1e-5, rope_theta=1000000.0,
+                         hidden_act="silu"),
+    "mixtral-8x22b": _cfg("mixtral", 6144, 56, 48, 8, 16384, 32768, num_local_experts=8, num_experts_per_tok=2,
+                          max_position_embeddings=65536, sliding_window=None, rms_norm_eps=1e-5,
+                          rope_theta=1000000.0, hidden_act="silu"),
+    # Qwen
+    "qwen2-7b": _cfg("qwen2", 3584, 28, 28, 4, 18944, 152064, max_position_embeddings=32768, rms_norm_eps=1e-6,
+                     rope_theta=1000000.0, hidden_act="silu"),
+    "qwen2.5-0.5b": _cfg("qwen2", 896, 24, 14, 2, 4864, 151936, max_position_embeddings=32768, rms_norm_eps=1e-6,
+                         rope_theta=1000000.0, tie_word_embeddings=True, hidden_act="silu"),
+    "qwen2.5-7b": _cfg("qwen2", 3584, 28, 28, 4, 18944, 152064, max_position_embeddings=32768, rms_norm_eps=1e-6,
+                       rope_theta=1000000.0, hidden_act="silu"),
+    "qwen2.5-72b": _cfg("qwen2", 8192, 80, 64, 8, 29568, 152064, max_position_embeddings=32768, rms_norm_eps=1e-6,
+                        rope_theta=1000000.0, hidden_act="silu"),
+    "qwen3-0.6b": _cfg("qwen3", 1024, 28, 16, 8, 3072, 151936, head_dim=128, max_position_embeddings=40960,
+                       rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True, hidden_act="silu"),
+    "qwen3-8b": _cfg("qwen3", 4096, 36, 32, 8, 12288, 151936, head_dim=128, max_position_embeddings=40960,
+                     rms_norm_eps=1e-6, rope_theta=1000000.0, hidden_act="silu"),
+    "qwen3-32b": _cfg("qwen3", 5120, 64, 64, 8, 25600, 151936, head_dim=128, max_position_embeddings=40960,
+                      rms_norm_eps=1e-6, rope_theta=1000000.0, hidden_act="silu"),
+    "qwen3-30b-a3b": _cfg("qwen3_moe", 2048, 48, 32, 4, 6144, 151936, head_dim=128, moe_intermediate_size=768,
+                          num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, max_position_embeddings=40960,
+                          rms_norm_eps=1e-6, rope_theta=1000000.0, hidden_act="silu"),
+    "qwen3-235b-a22b": _cfg("qwen3_moe", 4096, 94, 64, 4, 12288, 151936, head_dim=128, moe_intermediate_size=1536,
+                            num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+                            max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0, hidden_act="silu"),
+    "qwen1.5-moe-a2.7b": _cfg("qwen2_moe", 2048, 24, 16, 16, 5632, 151936, moe_intermediate_size=1408,
+                              shared_expert_intermediate_size=5632, num_experts=60, num_experts_per_tok=4,
+                              max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                              hidden_act="silu"),
+    # Gemma
+    "gemma-2b": _cfg("gemma", 2048, 18, 8, 1, 16384, 256000, head_dim=256, max_position_embeddings=8192,
+                     rms_norm_eps=1e-6, rope_theta=10000.0, hidden_activation="gelu_pytorch_tanh",
+                     tie_word_embeddings=True),
+    "gemma-7b": _cfg("gemma", 3072, 28, 16, 16, 24576, 256000, head_dim=256, max_position_embeddings=8192,
+                     rms_norm_eps=1e-6, rope_theta=10000.0, hidden_activation="gelu_pytorch_tanh",
+                     tie_word_embeddings=True),
+    "gemma-2-9b": _cfg("gemma2", 3584, 42, 16, 8, 14336, 256000, head_dim=256, max_position_embeddings=8192,
+                       rms_norm_eps=1e-6, rope_theta=10000.0, hidden_activation="gelu_pytorch_tanh",
+                       sliding_window=4096, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                       query_pre_attn_scalar=256, tie_word_embeddings=True),
+    "gemma-2-27b": _cfg("gemma2", 4608, 46, 32, 16, 36864, 256000, head_dim=128, max_position_embeddings=8192,
+                        rms_norm_eps=1e-6, rope_theta=10000.0, hidden_activation="gelu_pytorch_tanh",
+                        sliding_window=4096, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                        query_pre_attn_scalar=144, tie_word_embeddings=True),
+    "gemma-3-1b": _cfg("gemma3_text", 1152, 26, 4, 1, 6912, 262144, head_dim=256, max_position_embeddings=32768,
+                       rms_norm_eps=1e-6, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                       hidden_activation="gelu_pytorch_tanh", sliding_window=512, sliding_window_pattern=6,
+                       query_pre_attn_scalar=256, tie_word_embeddings=True),
+    "gemma-3-27b": _cfg("gemma3_text", 5376, 62, 32, 16, 21504, 262208, head_dim=128, max_position_embeddings=131072,
+                        rms_norm_eps=1e-6, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                        rope_scaling={"rope_type": "linear", "factor": 8.0}, hidden_activation="gelu_pytorch_tanh",
+                        sliding_window=1024, sliding_window_pattern=6, query_pre_attn_scalar=168,
+                        tie_word_embeddings=True),
+    # Phi, OLMo, Granite
+    "phi-3-mini-4k": _cfg("phi3", 3072, 32, 32, 32, 8192, 32064, max_position_embeddings=4096, rms_norm_eps=1e-5,
+                          rope_theta=10000.0, sliding_window=2047, hidden_act="silu"),
+    "phi-3-medium-4k": _cfg("phi3", 5120, 40, 40, 10, 17920, 32064, max_position_embeddings=4096,
+                            rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=2047, hidden_act="silu"),
+    "phi-4": _cfg("phi3", 5120, 40, 40, 10, 17920, 100352, max_position_embeddings=16384, rms_norm_eps=1e-5,
+                  rope_theta=250000.0, hidden_act="silu"),
+    "olmo-2-7b": _cfg("olmo2", 4096, 32, 32, 32, 11008, 100352, max_position_embeddings=4096, rms_norm_eps=1e-6,
+                      rope_theta=500000.0, hidden_act="silu"),
+    "olmo-2-13b": _cfg("olmo2", 5120, 40, 40, 40, 13824, 100352, max_position_embeddings=4096, rms_norm_eps=1e-6,
+                       rope_theta=500000.0, hidden_act="silu"),
+    "granite-3.1-8b": _cfg("granite", 4096, 40, 32, 8, 12800, 49155, max_position_embeddings=131072,
+                           rms_norm_eps=1e-5, rope_theta=10000000.0, embedding_multiplier=12.0, logits_scaling=16.0,
+                           residual_multiplier=0.22, attention_multiplier=0.0078125, tie_word_embeddings=True,
+                           hidden_act="silu"),
+    # gpt-oss
+    "gpt-oss-20b": _cfg("gpt_oss", 2880, 24, 64, 8, 2880, 201088, head_dim=64, num_local_experts=32,
+                        num_experts_per_tok=4, sliding_window=128, max_position_embeddings=131072,
+                        rms_norm_eps=1e-5, rope_theta=150000.0, swiglu_limit=7.0,
+                        rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                      "original_max_position_embeddings": 4096, "truncate": False},
+                        layer_types=["sliding_attention", "full_attention"] * 12),
+    "gpt-oss-120b": _cfg("gpt_oss", 2880, 36, 64, 8, 2880, 201088, head_dim=64, num_local_experts=128,
+                         num_experts_per_tok=4, sliding_window=128, max_position_embeddings=131072,
+                         rms_norm_eps=1e-5, rope_theta=150000.0, swiglu_limit=7.0,
+                         rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                       "original_max_position_embeddings": 4096, "truncate": False},
+                         layer_types=["sliding_attention", "full_attention"] * 18),
+    # DeepSeek (MLA + MoE)
+    "deepseek-v3": _cfg("deepseek_v3", 7168, 61, 128, 128, 18432, 129280, moe_intermediate_size=2048,
+                        n_routed_experts=256, n_shared_experts=1, num_experts_per_tok=8, n_group=8, topk_group=4,
+                        first_k_dense_replace=3, routed_scaling_factor=2.5, norm_topk_prob=True, q_lora_rank=1536,
+                        kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                        max_position_embeddings=163840, rms_norm_eps=1e-6, rope_theta=10000.0, hidden_act="silu",
+                        rope_scaling={"rope_type": "yarn", "factor": 40.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                      "mscale": 1.0, "mscale_all_dim": 1.0,
+                                      "original_max_position_embeddings": 4096}),
+    "deepseek-r1": _cfg("deepseek_v3", 7168, 61, 128, 128, 18432, 129280, moe_intermediate_size=2048,
+                        n_routed_experts=256, n_shared_experts=1, num_experts_per_tok=8, n_group=8, topk_group=4,
+                        first_k_dense_replace=3, routed_scaling_factor=2.5, norm_topk_prob=True, q_lora_rank=1536,
+                        kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                        max_position_embeddings=163840, rms_norm_eps=1e-6, rope_theta=10000.0, hidden_act="silu",
+                        rope_scaling={"rope_type": "yarn", "factor": 40.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                      "mscale": 1.0, "mscale_all_dim": 1.0,
+                                      "original_max_position_embeddings": 4096}),
+}
+
+
+def preset(name: str) -> dict[str, Any]:
+    """A copy of a preset's config values; the error lists the presets."""
+    key = name.strip().lower()
+    if key not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; presets: {', '.join(sorted(PRESETS))}")
+    return copy.deepcopy(PRESETS[key])
+
+
+# The families the CPU tests cover, each by its smallest preset (kernelize must patch these).
+FAMILY_PRESETS: dict[str, str] = {
+    "llama": "llama-3.2-1b", "mistral": "mistral-7b-v0.1", "qwen2": "qwen2.5-0.5b", "qwen3": "qwen3-0.6b",
+    "gemma": "gemma-2b", "gemma2": "gemma-2-9b", "gemma3_text": "gemma-3-1b", "phi3": "phi-3-mini-4k",
+    "olmo2": "olmo-2-7b", "granite": "granite-3.1-8b", "mixtral": "mixtral-8x7b", "qwen2_moe": "qwen1.5-moe-a2.7b",
+    "qwen3_moe": "qwen3-30b-a3b", "gpt_oss": "gpt-oss-20b", "deepseek_v3": "deepseek-v3",
+}
+
+
+def tiny(name: str, *, hidden: int = 64, layers: int = 2, vocab: int = 128, window: int = 8) -> dict[str, Any]:
+    """A preset at toy size with its structure kept: 4 query heads with the preset's GQA ratio
+    (1, 2 or 4 KV heads), head dim hidden/4, 2x hidden MLP, 4 experts (top 2), MLA ranks of 32,
+    a sliding window of ``window`` tokens (so a 32-token continuation crosses it), every layer
+    kind still present. Random-init only: the values say nothing about the real model."""
+    cfg = preset(name)
+    heads = 4
+    ratio = max(1, cfg["num_attention_heads"] // cfg.get("num_key_value_heads", cfg["num_attention_heads"]))
+    cfg.update(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+               num_key_value_heads=max(1, heads // min(ratio, heads)), intermediate_size=2 * hidden, vocab_size=vocab,
+               head_dim=hidden // heads, pad_token_id=None, bos_token_id=1, eos_token_id=2)
+    if cfg.get("sliding_window"):
+        cfg["sliding_window"] = window
+    if "layer_types" in cfg:
+        cfg["layer_types"] = (["sliding_attention", "full_attention"] * layers)[:layers]
+    if "sliding_window_pattern" in cfg:
+        cfg["sliding_window_pattern"] = 2
+    for k in ("num_local_experts", "num_experts", "n_routed_experts"):
+        if k in cfg:
+            cfg[k] = 4
+    if "num_experts_per_tok" in cfg:
+        cfg["num_experts_per_tok"] = 2
+    if "moe_intermediate_size" in cfg:
+        cfg["moe_intermediate_size"] = hidden // 2
+    if "shared_expert_intermediate_size" in cfg:
+        cfg["shared_expert_intermediate_size"] = hidden
+    if "kv_lora_rank" in cfg:
+        cfg.update(q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                   n_group=1, topk_group=1, first_k_dense_replace=1, head_dim=8)
+    if "query_pre_attn_scalar" in cfg:
+        cfg["query_pre_attn_scalar"] = hidden // heads
+    if cfg.get("model_type") == "gpt_oss":
+        cfg["intermediate_size"] = hidden  # gpt-oss's experts are hidden wide
+    return cfg

@@ -1,0 +1,203 @@
+"""ksctl plan --model and the GPU table: derived from config values only, no GPU, no transformers."""
+import json
+import math
+
+import pytest
+
+from kernelset import cli
+from kernelset.core import gpus
+from kernelset.hf import planning as planmod
+from kernelset.hf.planning import load_config, plan
+from kernelset.hf.presets import FAMILY_PRESETS, PRESETS, preset
+
+
+def _row(p, startswith):
+    rows = [r for r in p.rows if r.logical.startswith(startswith)]
+    assert rows, f"no row starting with {startswith!r}: {[r.logical for r in p.rows]}"
+    return rows[0]
+
+
+# ---- the GPU table -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("key,sm", [("t4", (7, 5)), ("a10", (8, 6)), ("a100", (8, 0)), ("l4", (8, 9)),
+                                    ("rtx4090", (8, 9)), ("h100", (9, 0)), ("h200", (9, 0)), ("b200", (10, 0)),
+                                    ("rtx5090", (12, 0)), ("rtx-pro-6000", (12, 0))])
+def test_gpu_table_sm(key, sm):
+    assert gpus.gpu(key).arch == sm
+
+
+def test_gpu_features_follow_the_arch():
+    assert not gpus.gpu("T4").features.bf16 and gpus.gpu("a10").features.bf16
+    assert not gpus.gpu("A100").features.fp8 and gpus.gpu("L4").features.fp8 and gpus.gpu("RTX 4090").features.fp8
+    h100 = gpus.gpu("h100").features
+    assert h100.tma and h100.wgmma and not h100.tcgen05 and h100.smem_per_block_kib == 227
+    b200 = gpus.gpu("b200").features
+    assert b200.tma and b200.tcgen05 and b200.fp4 and not b200.wgmma  # wgmma is sm_90a only
+    assert not gpus.gpu("rtx5090").features.wgmma and gpus.gpu("rtx5090").features.fp4
+    assert gpus.arch_features((8, 7)).smem_per_sm_kib == gpus.ARCHS[(8, 6)].smem_per_sm_kib  # Orin -> sm_86 data
+    assert gpus.arch_features((10, 3)).tcgen05
+    assert gpus.gpu("h200").bandwidth_gbs > gpus.gpu("h100").bandwidth_gbs > gpus.gpu("a100").bandwidth_gbs
+    with pytest.raises(ValueError, match="known: t4"):
+        gpus.gpu("v100x")
+
+
+def test_for_device_without_cuda_is_none():
+    import torch
+    if not torch.cuda.is_available():
+        assert gpus.for_device(0) is None
+
+
+# ---- presets and config loading -----------------------------------------------------------------
+
+def test_at_least_30_presets_and_every_family_has_one():
+    assert len(PRESETS) >= 30
+    assert set(FAMILY_PRESETS.values()) <= set(PRESETS)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_plans_on_every_gpu(name):
+    for g in gpus.GPUS:
+        p = plan(name, gpu=g.key)
+        assert p.rows and p.params > 0
+        assert json.loads(json.dumps(p.to_dict()))["gpu"]["sm"] == g.sm
+
+
+def test_config_json_and_directory_equal_the_preset(tmp_path):
+    cfg = preset("qwen3-8b")
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    a, b, c = plan("qwen3-8b"), plan(str(tmp_path / "config.json")), plan(str(tmp_path))
+    assert [r.logical for r in a.rows] == [r.logical for r in b.rows] == [r.logical for r in c.rows]
+    assert a.params == b.params == c.params
+    nested = {"model_type": "gemma3", "text_config": preset("gemma-3-27b"), "vision_config": {}}
+    (tmp_path / "mm.json").write_text(json.dumps(nested))
+    got, _ = load_config(str(tmp_path / "mm.json"))
+    assert got["hidden_size"] == 5376
+    with pytest.raises(ValueError, match="neither a preset"):
+        load_config(str(tmp_path / "missing.json"))
+
+
+# ---- what plan derives ---------------------------------------------------------------------------
+
+def test_dense_model_llama3_8b_on_h100():
+    p = plan("llama-3-8b", gpu="h100", dtype="bf16")
+    assert abs(p.params / 8.03e9 - 1) < 0.01  # Llama-3-8B has 8.03B parameters
+    assert p.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2
+    norm = _row(p, "decoder norms")
+    assert (norm.kernelset_op, norm.impl, norm.count) == ("rms_norm", "triton", 65)
+    assert _row(p, "gated activation").kernelset_op == "swiglu"
+    assert _row(p, "rotary embedding").kernelset_op == "apply_rotary"
+    assert _row(p, "QKV projection").impl == "torch"
+    assert any(n.startswith("QKV projection") for n in p.not_covered)
+    assert not p.degraded and p.gemm_dtype == "bf16"
+    assert "GQA 4" in p.table()
+
+
+def test_gqa_with_rope_scaling_llama31():
+    p = plan("llama-3.1-8b", gpu="a100")
+    f = p.facts
+    assert (f.heads, f.kv_heads, f.head_dim) == (32, 8, 128)
+    assert f.rope["type"] == "llama3" and f.rope["factor"] == 8.0 and f.rope["theta"] == 500000.0
+    assert "rope llama3 x8.0" in p.table()
+    assert "shape" in p.to_dict()["ops"][0]
+
+
+def test_moe_model_mixtral():
+    p = plan("mixtral-8x7b", gpu="h100")
+    f = p.facts
+    assert (f.experts, f.experts_per_tok, f.moe_layers) == (8, 2, 32)
+    assert abs(p.params / 46.7e9 - 1) < 0.01  # Mixtral-8x7B: 46.7B parameters
+    assert any("expert GEMMs" in n for n in p.not_covered)
+    assert _row(p, "expert gated activation").kernelset_op == "silu_and_mul"
+    assert not p.weight_gb <= p.gpu.memory_gib * 1.0737  # 93 GB of bf16 weights do not fit in 80 GiB
+    assert "does NOT fit" in p.table()
+
+
+def test_mla_model_deepseek_v3():
+    p = plan("deepseek-v3", gpu="h200")
+    f = p.facts
+    assert f.mla == {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                     "v_head_dim": 128}
+    assert f.head_dim == 192 and f.rotary_dim == 64 and f.dense_layers == 3 and f.moe_layers == 58
+    assert abs(p.params / 671e9 - 1) < 0.02  # DeepSeek-V3: 671B parameters
+    assert p.kv_bytes_per_token == 61 * (512 + 64) * 2  # the latent cache
+    assert "interleaved" in _row(p, "rope on the rope part").logical
+    assert any(n.startswith("MLA projections") for n in p.not_covered)
+
+
+def test_family_traits_reach_the_plan():
+    gemma = plan("gemma-2-9b")
+    assert "(1 + w)" in _row(gemma, "decoder norms").logical and _row(gemma, "decoder norms").count == 4 * 42 + 1
+    assert "softcap 50.0" in _row(gemma, "attention prefill").why and gemma.facts.sliding_layers == 21
+    assert _row(plan("qwen3-8b"), "per-head q/k RMSNorm").count == 2 * 36
+    assert _row(plan("gpt-oss-20b"), "expert gated activation").kernelset_op == "swiglu_oai"
+    assert plan("gemma-3-1b").facts.sliding_layers == 26 - 4  # every 6th layer is global
+    assert plan("phi-3-mini-4k").rows[-2].logical == "LM head"
+
+
+@pytest.mark.parametrize("gpu,dtype,gemm,degrades", [
+    ("a100", "fp8", "bf16", True),  # no fp8 tensor cores before sm_89
+    ("h100", "fp8", "fp8", False),
+    ("l4", "fp8", "fp8", False),
+    ("t4", "bf16", "fp16", True),  # Turing has no bf16
+    ("a10", "int8", "int8", False),
+    ("h100", "w4a16", "w4a16", True),  # weight-only: said, even where it runs
+])
+def test_degraded_precision(gpu, dtype, gemm, degrades):
+    p = plan("llama-3-8b", gpu=gpu, dtype=dtype)
+    assert p.gemm_dtype == gemm
+    assert bool(p.degraded) == degrades
+    if dtype == "fp8" and degrades:
+        assert "no fp8 tensor cores" in p.degraded[0] and math.isclose(p.weight_gb, p.params * 2 / 1e9)
+
+
+def test_training_mode_rows():
+    p = plan("llama-3.2-1b", mode="training")
+    logical = [r.logical for r in p.rows]
+    assert "optimizer (AdamW, fp32 states)" in logical and "gradient clipping" in logical
+    assert any(r.kernelset_op in ("linear_cross_entropy", "cross_entropy") for r in p.rows)
+
+
+def test_dispatcher_arch_range_is_honoured(monkeypatch):
+    # an implementation whose arch range excludes the target is rejected with its reason
+    from kernelset.core import registry
+    from kernelset.core.arch import ArchRange
+    impls = list(registry._IMPLS["rms_norm"])
+    import dataclasses
+    monkeypatch.setitem(registry._IMPLS, "rms_norm", [dataclasses.replace(impls[0], arch=ArchRange(min=(9, 0)))]
+                        + impls[1:])
+    import torch
+    assert planmod.choose("rms_norm", {"tokens": 8, "hidden": 4096}, torch.bfloat16, gpus.gpu("a100")).impl == \
+        "reference"
+    assert planmod.choose("rms_norm", {"tokens": 8, "hidden": 4096}, torch.bfloat16, gpus.gpu("h100")).impl == \
+        "triton"
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        plan("llama-3-8b", dtype="fp6")
+    with pytest.raises(ValueError, match="unknown GPU"):
+        plan("llama-3-8b", gpu="tpu")
+
+
+# ---- the command line ----------------------------------------------------------------------------
+
+def test_cli_plan_model_json(capsys):
+    assert cli.main(["plan", "--model", "qwen3-30b-a3b", "--gpu", "a100", "--dtype", "fp8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["gpu"]["sm"] == "sm_80" and out["degraded"] and out["facts"]["experts"] == 128
+    assert {r["kernelset_op"] for r in out["ops"]} >= {"rms_norm", "apply_rotary", "silu_and_mul"}
+
+
+def test_cli_plan_table_list_and_errors(capsys):
+    assert cli.main(["plan", "--model", "gemma-3-27b", "--gpu", "rtx-pro-6000"]) == 0
+    out = capsys.readouterr().out
+    assert "sm_120" in out and "logical op" in out
+    assert cli.main(["plan", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "llama-3.1-8b" in out and "rtx5090" in out
+    assert cli.main(["plan", "--model", "no-such-model"]) == 2
+
+
+def test_cli_plan_without_model_keeps_the_dispatch_plan(capsys):
+    assert cli.main(["plan"]) == 0
+    assert "dispatch plan on" in capsys.readouterr().out
