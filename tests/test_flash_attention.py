@@ -263,6 +263,8 @@ def test_explain_lists_candidates_with_reasons(device):
     assert all(r and "softcap" in r for r in sdpa.values()), sdpa
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors through the Triton interpreter (CI); on the GPU "
+                    "machine Triton rejects CPU tensors and the expected ranking differs")
 def test_measured_table_decides_auto_and_explain_names_the_row(monkeypatch):
     """A row ranking the reference first makes AUTO pick it (with the row in the reasons); a named
     backend still runs; without a matching row the priorities decide."""
