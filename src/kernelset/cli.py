@@ -42,10 +42,16 @@ def _shape(text: str) -> tuple[int, ...]:
 
 
 def _use_interpreter_if_no_gpu() -> None:
-    """On a CPU-only machine, run Triton kernels in the interpreter (set before Triton imports)."""
+    """On a CPU-only machine, run Triton kernels in the interpreter. Triton decides at decoration
+    time (importing kernelset), so the process starts again with TRITON_INTERPRET=1 when it was
+    not set; in-process callers (tests) set it before importing kernelset."""
     if torch.cuda.is_available():
         return
     if os.environ.get("TRITON_INTERPRET") != "1":
+        if __name__ == "kernelset.cli" and sys.argv and not os.environ.get("KS_CLI_REEXEC"):
+            env = dict(os.environ, TRITON_INTERPRET="1", KS_CLI_REEXEC="1")
+            sys.stdout.flush()
+            os.execve(sys.executable, [sys.executable, "-m", "kernelset", *sys.argv[1:]], env)
         os.environ["TRITON_INTERPRET"] = "1"
         import kernelset as ks
         ks.config.reload()
