@@ -88,20 +88,6 @@ def _check(outs, refs, names, tol_class, dtype, mode) -> tuple[bool, float, str]
     return (not notes), worst, "; ".join(notes)
 
 
-def _graphed(run):
-    """``run`` captured once in a CUDA graph (after a warm-up on a side stream); returns the replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            run()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    return graph.replay
-
-
 def run_case(spec: registry.OpSpec, case: registry.BenchCase, device: torch.device, copy_gbs: float,
              backend: str = "auto", peers: bool = True, matmul_tflops: float | None = None) -> CaseResult:
     """Check and time one case. A case whose FLOPs per byte exceed the machine's balance point
@@ -132,7 +118,7 @@ def run_case(spec: registry.OpSpec, case: registry.BenchCase, device: torch.devi
             del outs
             if m.correct:
                 if case.graph:
-                    run, m.note = _graphed(run), "CUDA graph"
+                    run, m.note = timing.capture(run).replay, "CUDA graph"
                 m.ms = timing.cuda_time_ms(run)
                 m.gbs = cost.bytes / m.ms / 1e6
                 m.tflops = cost.flops / m.ms / 1e9 if cost.flops else None

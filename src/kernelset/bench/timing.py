@@ -61,11 +61,8 @@ def host_us_per_call(fn: Callable[[], object], *, calls: int = 2000) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
-def graph_replay_us(fn: Callable[[], object], *, calls_in_graph: int = 100, replays: int = 50) -> tuple[float, float]:
-    """(us per call when ``calls_in_graph`` calls replay from one CUDA graph, us of kernel time per call).
-
-    Kernel time comes from the profiler's device-side kernel durations of one replay.
-    """
+def capture(fn: Callable[[], object], calls: int = 1) -> "torch.cuda.CUDAGraph":
+    """``calls`` calls of ``fn`` captured in one CUDA graph, after a warm-up on a side stream."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -74,8 +71,17 @@ def graph_replay_us(fn: Callable[[], object], *, calls_in_graph: int = 100, repl
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(calls_in_graph):
+        for _ in range(calls):
             fn()
+    return graph
+
+
+def graph_replay_us(fn: Callable[[], object], *, calls_in_graph: int = 100, replays: int = 50) -> tuple[float, float]:
+    """(us per call when ``calls_in_graph`` calls replay from one CUDA graph, us of kernel time per call).
+
+    Kernel time comes from the profiler's device-side kernel durations of one replay.
+    """
+    graph = capture(fn, calls_in_graph)
     graph.replay()
     torch.cuda.synchronize()
     ms = cuda_time_ms(graph.replay, warmup=3, reps=replays, min_ms=50.0)

@@ -37,16 +37,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     checks.tensor(op, "target", target, dtypes=(torch.int64, torch.int32), min_ndim=0)
     checks.shape(op, "target", target, tuple(logits.shape[:-1]), "logits' leading shape")
     checks.same_device(op, "target", target, "logits", logits)
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-        raise ArgumentError(op, "ignore_index", "an int", repr(ignore_index))
-    label_smoothing = checks.finite(op, "label_smoothing", label_smoothing)
-    if not 0.0 <= label_smoothing < 1.0:
-        raise ArgumentError(op, "label_smoothing", "in [0, 1)", label_smoothing)
-    z_loss = checks.finite(op, "z_loss", z_loss)
-    if z_loss < 0:
-        raise ArgumentError(op, "z_loss", ">= 0", z_loss)
-    cap = 0.0 if softcap is None else checks.positive(op, "softcap", softcap)
-    red = Reduction.parse(reduction, what="reduction").value
+    label_smoothing, z_loss, cap, red = check_options(op, ignore_index, label_smoothing, z_loss, softcap, reduction)
     v = logits.shape[-1]
     if v == 0:
         raise ArgumentError(op, "logits", "of vocabulary size (last dim) >= 1", f"shape {tuple(logits.shape)}")
@@ -59,6 +50,22 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     else:
         loss = dispatch.select(op, backend, (x2, t2), {}).forward(*args, False)[0]
     return loss.reshape(target.shape) if red == "none" else loss
+
+
+def check_options(op: str, ignore_index, label_smoothing, z_loss, softcap,
+                  reduction) -> tuple[float, float, float, str]:
+    """The loss options of cross_entropy and linear_cross_entropy, checked: (label_smoothing, z_loss,
+    softcap or 0.0, reduction's value)."""
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise ArgumentError(op, "ignore_index", "an int", repr(ignore_index))
+    label_smoothing = checks.finite(op, "label_smoothing", label_smoothing)
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ArgumentError(op, "label_smoothing", "in [0, 1)", label_smoothing)
+    z_loss = checks.finite(op, "z_loss", z_loss)
+    if z_loss < 0:
+        raise ArgumentError(op, "z_loss", ">= 0", z_loss)
+    cap = 0.0 if softcap is None else checks.positive(op, "softcap", softcap)
+    return label_smoothing, z_loss, cap, Reduction.parse(reduction, what="reduction").value
 
 
 def _fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float, z_loss: float,

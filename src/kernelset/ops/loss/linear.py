@@ -39,7 +39,7 @@ from ...core.registry import BenchCase, Cost, Impl, OpSpec, Problem, declare_op,
 from ...core.support import triton_device
 from ...core.tuning import TuningStack
 from . import linear_reference as ref
-from .api import Reduction
+from .api import Reduction, check_options
 
 OP = "linear_cross_entropy"
 
@@ -253,16 +253,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     checks.tensor(op, "target", target, dtypes=(torch.int64, torch.int32), min_ndim=0)
     checks.shape(op, "target", target, tuple(hidden.shape[:-1]), "hidden's leading shape")
     checks.same_device(op, "target", target, "hidden", hidden)
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-        raise ArgumentError(op, "ignore_index", "an int", repr(ignore_index))
-    label_smoothing = checks.finite(op, "label_smoothing", label_smoothing)
-    if not 0.0 <= label_smoothing < 1.0:
-        raise ArgumentError(op, "label_smoothing", "in [0, 1)", label_smoothing)
-    z_loss = checks.finite(op, "z_loss", z_loss)
-    if z_loss < 0:
-        raise ArgumentError(op, "z_loss", ">= 0", z_loss)
-    cap = 0.0 if softcap is None else checks.positive(op, "softcap", softcap)
-    red = Reduction.parse(reduction, what="reduction").value
+    label_smoothing, z_loss, cap, red = check_options(op, ignore_index, label_smoothing, z_loss, softcap, reduction)
     h2, t2 = hidden.reshape(-1, h), target.reshape(-1).contiguous()  # the kernel reads targets unit-stride
     grad_on = torch.is_grad_enabled()
     nh, nw = grad_on and hidden.requires_grad, grad_on and weight.requires_grad
