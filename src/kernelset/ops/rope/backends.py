@@ -97,7 +97,8 @@ declare_op(OpSpec(
                                       ref.apply(k, cos, sin, False, cos.shape[-1], 1)),
     tolerance="elementwise", key=_apply_key, problem=_apply_problem, cost=_apply_cost,
     bench=(BenchCase((4, 32, 8, 4096, 128), "fwd"), BenchCase((4, 32, 8, 4096, 128), "fwd+bwd", bar_pct=85.0)),
-    c_abi=True,
+    # training-side (transformers' layout, differentiable); the C ABI exports rotary_embedding
+    c_abi=False,
 ))
 
 _apply_supports = functools.partial(triton_rows, flag="unit_stride", what="q",
