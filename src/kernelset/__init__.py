@@ -24,6 +24,7 @@ from .ops.optim import clip_grad_norm_
 from .ops.attention import AttentionOutput, merge_attn_states, paged_attention
 from .ops.attention import AttnBackend, flash_attention, flash_attention_varlen
 from .ops.kvcache import copy_blocks, reshape_and_cache, swap_blocks
+from .ops.mla import mla_decode
 
 __version__ = "0.1.0"
 
@@ -36,7 +37,7 @@ __all__ = [
     "linear_cross_entropy",
     "optim", "clip_grad_norm_",
     "AttentionOutput", "merge_attn_states", "paged_attention", "copy_blocks", "reshape_and_cache", "swap_blocks",
-    "AttnBackend", "flash_attention", "flash_attention_varlen",
+    "AttnBackend", "flash_attention", "flash_attention_varlen", "mla_decode",
 ]
 
 

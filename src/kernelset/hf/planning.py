@@ -220,6 +220,15 @@ def _example(op: str, shape: dict[str, int], dt: torch.dtype) -> tuple | None:
         return (q, k, v, None, None, {"causal": True, "window": shape.get("window", (-1, -1)),
                                       "softcap": shape.get("softcap", 0.0), "sinks": None, "need_lse": False,
                                       "max_seqlen_q": t, "max_seqlen_k": t})
+    if op == "paged_attention":  # decode: B sequences, 16-token blocks
+        b, kvh, d = shape["batch"], shape["kv_heads"], shape["dim"]
+        cache = _meta(b, 16, kvh, d, dtype=dt)
+        return (_meta(b, shape["heads"], d, dtype=dt), cache, cache, _meta(b, 1, dtype=torch.int32),
+                _meta(b, dtype=torch.int32))
+    if op == "mla_decode":  # decode: B sequences, 64-token blocks of the latent cache
+        b, r, p = shape["batch"], shape["rank"], shape["rope"]
+        return (_meta(b, shape["heads"], r, dtype=dt), _meta(b, shape["heads"], p, dtype=dt),
+                _meta(b, 64, r + p, dtype=dt), _meta(b, 1, dtype=torch.int32), _meta(b, dtype=torch.int32))
     return None
 
 
@@ -435,7 +444,8 @@ def plan(model: str | dict, *, gpu: str | GPU = "h100", dtype: str = "bf16", mod
             {"tokens": T, "heads": f.heads, "kv_heads": f.heads, "dim": qk, "v_dim": m["v_head_dim"]},
             note="qk 192 / v 128 through flash_attention's Dv" if qk == 192 else "")
         row("MLA decode over the latent cache", "mla_decode" if _has("mla_decode") else None,
-            f"[B={decode_batch}] latent {m['kv_lora_rank']}+{m['qk_rope_head_dim']}", L)
+            f"[B={decode_batch}] latent {m['kv_lora_rank']}+{m['qk_rope_head_dim']}", L,
+            {"batch": decode_batch, "heads": f.heads, "rank": m["kv_lora_rank"], "rope": m["qk_rope_head_dim"]})
     else:
         qkv = (f.heads + 2 * f.kv_heads) * f.head_dim
         row("QKV projection", None, f"[{T}, {H}] x [{H}, {qkv}]", L,
@@ -463,7 +473,9 @@ def plan(model: str | dict, *, gpu: str | GPU = "h100", dtype: str = "bf16", mod
         row("KV cache write (paged)", "reshape_and_cache" if _has("reshape_and_cache") else None,
             f"[{decode_batch}, {f.kv_heads}, {f.head_dim}]", L)
         row("attention decode (paged KV)", "paged_attention" if _has("paged_attention") else None,
-            f"B {decode_batch}, {f.heads}/{f.kv_heads} heads, D {f.head_dim}", L, note=", ".join(opts[1:]))
+            f"B {decode_batch}, {f.heads}/{f.kv_heads} heads, D {f.head_dim}", L,
+            {"batch": decode_batch, "heads": f.heads, "kv_heads": f.kv_heads, "dim": f.head_dim},
+            note=", ".join(opts[1:]))
         row("output projection", None, f"[{T}, {f.heads * f.head_dim}] x [{f.heads * f.head_dim}, {H}]", L,
             note=f"GEMM in {gemm}")
     dense_layers = L - f.moe_layers

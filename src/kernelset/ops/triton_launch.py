@@ -49,18 +49,22 @@ class FastKernel:
                        and type(fn).__name__ == "JITFunction")
         self.cache: dict[tuple, Any] = {}
 
-    def __call__(self, grid: tuple[int, ...], *args: Any, num_warps: int, fp_fusion: bool = True,
-                 **kwargs: Any) -> None:
+    def __call__(self, grid: tuple[int, ...], *args: Any, num_warps: int, num_stages: int | None = None,
+                 fp_fusion: bool = True, **kwargs: Any) -> None:
         """``fp_fusion=False`` stops the compiler contracting a multiply and an add into one FMA,
         which also drops a rounding the kernel wrote between them (bit-exact emulation of a chain
         of bf16 torch ops needs every one of them)."""
-        opts = {"num_warps": num_warps} if fp_fusion else {"num_warps": num_warps, "enable_fp_fusion": False}
+        opts: dict[str, Any] = {"num_warps": num_warps}
+        if num_stages is not None:
+            opts["num_stages"] = num_stages
+        if not fp_fusion:
+            opts["enable_fp_fusion"] = False
         if not self.direct or args and isinstance(args[0], torch.Tensor) and args[0].device.type != "cuda":
             self.fn[grid](*args, **kwargs, **opts)
             return
         full = list(args) + [kwargs[n] for n in self.names[len(args):]]
         device = full[0].device.index
-        key = (device, num_warps, fp_fusion) + tuple(v if c else _spec(v) for v, c in zip(full, self.const))
+        key = (device, num_warps, num_stages, fp_fusion) + tuple(v if c else _spec(v) for v, c in zip(full, self.const))
         kernel = self.cache.get(key)
         rt = _knobs.runtime
         if kernel is None or not (_no_hook(rt.launch_enter_hook) and _no_hook(rt.launch_exit_hook)):

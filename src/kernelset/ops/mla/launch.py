@@ -1,0 +1,112 @@
+"""Launch policy and launcher of MLA decode.
+
+The split count depends only on host integers (batch, heads, max_seq_len, SM count), never on
+device data, so a call is CUDA-graph capturable and its scratch has a size fixed by its arguments.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import torch
+
+from ...core import config
+from ...core.alloc import empty
+from ...core.tuning import TuningStack
+from ..attention.kernels import _paged_attn_reduce_kernel
+from ..attention.launch import sm_count
+from ..triton_launch import FastKernel
+from .kernels import _mla_decode_fwd_kernel
+
+_fwd = FastKernel(_mla_decode_fwd_kernel)
+_reduce = FastKernel(_paged_attn_reduce_kernel)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@dataclasses.dataclass(frozen=True)
+class MlaTuning:
+    """Knobs of the MLA policy (tests force rare shapes; scripts/mla_tune.py sweeps them on a GPU)."""
+
+    splits: int | None = None  # force this many KV splits (None: the policy decides)
+    block_h: int | None = None  # heads per program (None: up to 64)
+    block_n: int | None = None  # cached tokens per iteration (None: 32)
+    num_warps: int | None = None
+    num_stages: int | None = None
+    waves: float = 2.0  # programs wanted per SM before splitting stops
+    min_partition: int = 256  # fewest tokens per split
+    max_splits: int = 64  # the reduce kernel holds every split's partial of one row at once
+
+
+TUNING = TuningStack(MlaTuning())
+
+
+@dataclasses.dataclass(frozen=True)
+class MlaLaunch:
+    block_h: int
+    block_n: int
+    block_r: int
+    block_p: int
+    head_tiles: int
+    splits: int
+    partition: int  # tokens per split, a multiple of block_n
+    num_warps: int
+    num_stages: int
+
+
+@functools.lru_cache(maxsize=4096)
+def mla_policy(batch: int, heads: int, rank: int, rope_dim: int, max_keys: int, sms: int,
+               tuning: MlaTuning = MlaTuning()) -> MlaLaunch:
+    block_r, block_p = _pow2(rank), max(16, _pow2(rope_dim))
+    # tl.dot needs M >= 16; 64 heads x 512 fp32 accumulators are 128 registers per thread at 8 warps
+    block_h = tuning.block_h or min(64, max(16, _pow2(heads)))
+    block_n = tuning.block_n or 32
+    head_tiles = -(-heads // block_h)
+    base = max(1, batch * head_tiles)
+    keys = max(1, max_keys)
+    if tuning.splits is not None:
+        splits = tuning.splits
+    elif base >= 2 * sms:
+        splits = 1
+    else:
+        splits = min(math.ceil(tuning.waves * sms / base), -(-keys // tuning.min_partition))
+    splits = max(1, min(splits, tuning.max_splits))
+    partition = -(-(-(-keys // splits)) // block_n) * block_n
+    splits = -(-keys // partition)
+    warps = tuning.num_warps or (8 if block_h * block_r >= 32 * 512 else 4)
+    return MlaLaunch(block_h, block_n, block_r, block_p, head_tiles, splits, partition, warps,
+                     tuning.num_stages or 2)
+
+
+def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, kv_scale, max_seq_len):
+    """(out ``[B, H, R]`` like q_nope, lse ``[B, H]`` fp32). Arguments as the public function
+    takes them, checked."""
+    b, h, r = q_nope.shape
+    p_dim = q_pe.shape[2]
+    nb, bs, _ = kv_cache.shape
+    out = empty((b, h, r), q_nope.dtype, q_nope.device)
+    lse = empty((b, h), torch.float32, q_nope.device)
+    if b == 0 or h == 0:
+        return out, lse
+    max_table = block_table.shape[1]
+    max_keys = min(max_seq_len, max_table * bs)
+    p = mla_policy(b, h, r, p_dim, max_keys, sm_count(q_nope.device), TUNING.active())
+    fp8 = kv_cache.dtype == torch.float8_e4m3fn
+    f32 = q_nope.dtype == torch.float32 or config.get().triton_interpret
+    if p.splits > 1:
+        po = torch.empty((b, h, p.splits, r), dtype=torch.float32, device=q_nope.device)
+        plse = torch.empty((b, h, p.splits), dtype=torch.float32, device=q_nope.device)
+    else:
+        po = plse = None
+    _fwd((b * p.head_tiles, p.splits), q_nope, q_pe, kv_cache, block_table, seq_lens, kv_scale if fp8 else None,
+         out, lse, po, plse, scale * 1.4426950408889634, h, p.head_tiles, p.partition, nb, max_table, max_keys,
+         q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), kv_cache.stride(0), kv_cache.stride(1),
+         block_table.stride(0), R=r, P=p_dim, BS=bs, BLOCK_H=p.block_h, BLOCK_N=p.block_n, BLOCK_R=p.block_r,
+         BLOCK_P=p.block_p, SPLITS=p.splits, FP8=fp8, F32=f32, num_warps=p.num_warps, num_stages=p.num_stages)
+    if p.splits > 1:
+        _reduce((b * h,), po, plse, None, out, lse, D=r, SPLITS=p.splits, BLOCK_S=_pow2(p.splits),
+                BLOCK_D=p.block_r, HAS_SINKS=False, Hq=h, num_warps=4)
+    return out, lse

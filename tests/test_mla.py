@@ -1,0 +1,304 @@
+"""mla_decode against an fp32 computation on contiguous latent sequences.
+
+Properties: paged equals contiguous (each sequence's latent rows scattered over random blocks give
+the dense formula's result on the rows in order), split-KV equals one pass, fp8 cache equals the
+dequantized cache; empty and length-1 sequences, block boundaries, head counts that are not a
+power of two, DeepSeek's real rank (512) and rope dim (64).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from aot import compile_report
+
+import kernelset as ks
+from kernelset.core.registry import impls
+from kernelset.core.tolerance import rel_err, tolerance
+from kernelset.ops.mla import launch as L
+
+BACKENDS = [str(i.backend) for i in impls("mla_decode")]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+FP8 = torch.float8_e4m3fn
+
+
+def _paged(seqs, bs, device, cache_dtype=None, scale=None, spare=3):
+    """Scatter per-sequence latent rows ``[L_b, R + P]`` into random blocks of a fresh random cache;
+    unused table entries hold random valid ids and unused slots random values (neither may leak)."""
+    width = seqs[0].shape[1]
+    need = [-(-s.shape[0] // bs) for s in seqs]
+    nb = sum(need) + spare
+    dtype = cache_dtype or seqs[0].dtype
+    cache = torch.randn(nb, bs, width, device=device).to(dtype)
+    perm = torch.randperm(nb, device=device)
+    table = torch.randint(0, nb, (len(seqs), max(need + [1]) + 1), device=device, dtype=torch.int32)
+    used = 0
+    for b, s in enumerate(seqs):
+        blocks = perm[used: used + need[b]]
+        used += need[b]
+        table[b, : need[b]] = blocks.int()
+        for i, blk in enumerate(blocks.tolist()):
+            rows = s[i * bs: (i + 1) * bs]
+            src = rows if scale is None else (rows.float() / scale).clamp(-448, 448)
+            cache[blk, : rows.shape[0]] = src.to(dtype)
+    return cache, table, torch.tensor([s.shape[0] for s in seqs], dtype=torch.int32, device=device)
+
+
+def _expected(q_nope, q_pe, seqs, scale):
+    """The formula on contiguous rows, fp32: (out [B, H, R], lse [B, H])."""
+    b, h, r = q_nope.shape
+    out = torch.zeros(b, h, r, device=q_nope.device)
+    lse = torch.full((b, h), float("-inf"), device=q_nope.device)
+    for i, s in enumerate(seqs):
+        if s.shape[0]:
+            c, k_pe = s[:, :r].float(), s[:, r:].float()
+            logits = (q_nope[i].float() @ c.T + q_pe[i].float() @ k_pe.T) * scale
+            lse[i] = torch.logsumexp(logits, -1)
+            out[i] = torch.softmax(logits, -1) @ c
+    return out, lse
+
+
+def _check(got, want, dtype, what=""):
+    assert torch.isfinite(got.out).all(), f"{what}: non-finite output"
+    assert rel_err(got.out, want[0]) <= tolerance("norm", dtype), what
+    fin = torch.isfinite(want[1])
+    assert torch.equal(torch.isfinite(got.lse), fin), f"{what}: -inf LSEs differ"
+    assert rel_err(got.lse[fin], want[1][fin]) <= (1e-5 if dtype == torch.float32 else 1e-3), what
+
+
+# (id, seq lens, heads, kv_lora_rank, rope_dim, block size, why)
+CASES = [
+    ("h16-r64-bs16", [37, 1, 16, 70], 16, 64, 16, 16, "lengths off/on block boundaries, length 1"),
+    ("h20-r64-bs64-empty", [0, 130, 0], 20, 64, 16, 64, "20 heads (a masked head tile), empty sequences"),
+    ("h8-r512-p64", [45, 3], 8, 512, 64, 16, "DeepSeek's rank and rope dim; fewer heads than a dot tile"),
+    ("h128-r128-p32", [33], 128, 128, 32, 32, "128 heads: two 64-head tiles read the same rows"),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
+def test_paged_equals_contiguous(backend, dtype, case, device):
+    _, lens, h, r, p, bs, _ = case
+    seqs = [torch.randn(n, r + p, device=device).to(dtype) for n in lens]
+    cache, table, seq_lens = _paged(seqs, bs, device)
+    q_nope = torch.randn(len(lens), h, r, device=device).to(dtype)
+    q_pe = torch.randn(len(lens), h, p, device=device).to(dtype)
+    scale = (r + p) ** -0.5
+    got = ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, scale=scale, kv_lora_rank=r, rope_dim=p,
+                        return_lse=True, backend=backend)
+    assert got.out.dtype == dtype and got.out.shape == (len(lens), h, r) and got.lse.shape == (len(lens), h)
+    _check(got, _expected(q_nope, q_pe, seqs, scale), dtype, "mla")
+    for b, n in enumerate(lens):
+        if n == 0:
+            assert torch.equal(got.out[b], torch.zeros_like(got.out[b])) and torch.isneginf(got.lse[b]).all()
+
+
+@pytest.mark.parametrize("splits", [2, 5, 64])
+def test_split_kv_equals_one_pass(splits, device):
+    lens = [300, 77, 1, 0]
+    seqs = [torch.randn(n, 80, device=device) for n in lens]
+    cache, table, seq_lens = _paged(seqs, 16, device)
+    q_nope, q_pe = torch.randn(4, 16, 64, device=device), torch.randn(4, 16, 16, device=device)
+    kw = dict(scale=0.125, kv_lora_rank=64, rope_dim=16, return_lse=True, backend="triton")
+    with L.TUNING.use(L.MlaTuning(splits=1)):
+        one = ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, **kw)
+    with L.TUNING.use(L.MlaTuning(splits=splits, block_n=16)):
+        many = ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, **kw)
+    pol = L.mla_policy(4, 16, 64, 16, table.shape[1] * 16, L.sm_count(q_nope.device),
+                       L.MlaTuning(splits=splits, block_n=16))
+    assert pol.splits == min(splits, table.shape[1])
+    assert rel_err(many.out, one.out) < 1e-5
+    fin = torch.isfinite(one.lse)
+    assert torch.equal(fin, torch.isfinite(many.lse)) and rel_err(many.lse[fin], one.lse[fin]) < 1e-6
+
+
+def test_default_policy():
+    p = L.mla_policy(64, 128, 512, 64, 4096, 132)
+    assert (p.block_h, p.head_tiles, p.num_warps) == (64, 2, 8) and p.splits * p.partition >= 4096
+    assert L.mla_policy(1, 16, 512, 64, 32768, 132).splits >= 32  # one long sequence fills the GPU
+    assert L.mla_policy(512, 128, 512, 64, 4096, 132).splits == 1  # 1024 programs: no split
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_fp8_cache(dtype, device):
+    lens = [50, 17]
+    seqs = [torch.randn(n, 80, device=device).to(dtype) for n in lens]
+    kv_scale = torch.tensor(0.02, device=device)
+    cache, table, seq_lens = _paged(seqs, 16, device, cache_dtype=FP8, scale=0.02)
+    q_nope, q_pe = torch.randn(2, 16, 64, device=device).to(dtype), torch.randn(2, 16, 16, device=device).to(dtype)
+    got = ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, scale=0.11, kv_lora_rank=64, rope_dim=16,
+                        kv_scale=kv_scale, return_lse=True, backend="triton")
+    # the expectation on the values the cache holds (dequantized), not on the unquantized inputs
+    deq = [torch.cat([cache[table[b, j // 16].long(), j % 16].float()[None] for j in range(n)]) * 0.02
+           for b, n in enumerate(lens)]
+    _check(got, _expected(q_nope, q_pe, deq, 0.11), dtype, "fp8")
+    ref = ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, scale=0.11, kv_lora_rank=64, rope_dim=16,
+                        kv_scale=kv_scale, return_lse=True, backend="reference")
+    assert rel_err(got.out, ref.out) <= tolerance("norm", dtype)
+
+
+def test_strided_queries(device):
+    """q_nope and q_pe as views into one [B, H, R + P] query (how an absorbed projection leaves them)."""
+    seqs = [torch.randn(n, 80, device=device) for n in (20, 9)]
+    cache, table, seq_lens = _paged(seqs, 16, device)
+    q = torch.randn(2, 16, 80, device=device)
+    got = ks.mla_decode(q[..., :64], q[..., 64:], cache, table, seq_lens, scale=0.1, kv_lora_rank=64, rope_dim=16,
+                        return_lse=True, backend="triton")
+    _check(got, _expected(q[..., :64], q[..., 64:], seqs, 0.1), torch.float32, "strided")
+
+
+def test_bad_block_id_is_refused_or_nan(device):
+    seqs = [torch.randn(n, 80, device=device) for n in (40, 20)]
+    cache, table, seq_lens = _paged(seqs, 16, device)
+    q_nope, q_pe = torch.randn(2, 16, 64, device=device), torch.randn(2, 16, 16, device=device)
+    kw = dict(scale=0.1, kv_lora_rank=64, rope_dim=16, backend="triton")
+    table[0, 1] = cache.shape[0] + 5
+    with pytest.raises(ks.ArgumentError, match="block_table"):
+        ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, **kw)
+    out = ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, check_bounds=False, **kw)
+    assert torch.isnan(out[0]).all(), "a bad block id must show, never read another block"
+    assert rel_err(out[1], _expected(q_nope, q_pe, seqs, 0.1)[0][1]) < 1e-5
+    table[0, 1] = 0
+    with pytest.raises(ks.ArgumentError, match="seq_lens"):
+        ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, max_seq_len=32, **kw)
+    out = ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, max_seq_len=32, check_bounds=False, **kw)
+    assert torch.isnan(out[0]).all() and torch.isfinite(out[1]).all()
+
+
+def _base():
+    return dict(q_nope=torch.randn(2, 4, 64), q_pe=torch.randn(2, 4, 16), kv_cache=torch.randn(4, 16, 80),
+                block_table=torch.zeros(2, 2, dtype=torch.int32), seq_lens=torch.tensor([3, 5], dtype=torch.int32),
+                scale=0.1, kv_lora_rank=64, rope_dim=16)
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(q_nope=torch.randn(2, 4, 32)), "kv_lora_rank"),
+    (dict(q_nope=torch.randn(8, 64)), "3-D"),
+    (dict(q_pe=torch.randn(2, 4, 8)), "q_pe"),
+    (dict(q_pe=torch.randn(2, 4, 16, dtype=torch.float16)), "q_pe"),
+    (dict(kv_cache=torch.randn(4, 16, 64)), "kv_cache"),
+    (dict(kv_cache=torch.randn(4, 16, 80, dtype=torch.float16)), "kv_cache"),
+    (dict(block_table=torch.zeros(2, 2, dtype=torch.int64)), "block_table"),
+    (dict(block_table=torch.zeros(3, 2, dtype=torch.int32)), "block_table"),
+    (dict(seq_lens=torch.tensor([3, 5, 1], dtype=torch.int32)), "seq_lens"),
+    (dict(seq_lens=torch.tensor([3, 40], dtype=torch.int32)), "seq_lens"),
+    (dict(scale=0.0), "scale"),
+    (dict(rope_dim=0), "rope_dim"),
+    (dict(kv_scale=torch.tensor(1.0)), "kv_scale"),
+    (dict(max_seq_len=-1), "max_seq_len"),
+], ids=["rank", "q-2d", "pe-shape", "pe-dtype", "cache-width", "cache-dtype", "table-int64", "table-rows",
+        "lens-length", "lens-too-long", "zero-scale", "rope-dim", "scale-without-fp8", "max-seq-len"])
+def test_bad_input(change, match):
+    args = _base()
+    args.update(change)
+    pos = [args.pop(k) for k in ("q_nope", "q_pe", "kv_cache", "block_table", "seq_lens")]
+    with pytest.raises((ValueError, TypeError), match=match):
+        ks.mla_decode(*pos, **args)
+
+
+def test_fp8_cache_needs_scale_and_half_q():
+    base = (torch.randn(4, 16, 80).to(FP8), torch.zeros(2, 2, dtype=torch.int32), torch.tensor([3, 5], dtype=torch.int32))
+    kw = dict(scale=0.1, kv_lora_rank=64, rope_dim=16)
+    with pytest.raises(ks.ArgumentError, match="kv_scale"):
+        ks.mla_decode(torch.randn(2, 4, 64, dtype=torch.bfloat16), torch.randn(2, 4, 16, dtype=torch.bfloat16),
+                      *base, **kw)
+    with pytest.raises(ks.ArgumentError, match="q_nope"):
+        ks.mla_decode(torch.randn(2, 4, 64), torch.randn(2, 4, 16), *base, kv_scale=torch.tensor(1.0), **kw)
+
+
+def test_compile_fullgraph_and_explain(device):
+    seqs = [torch.randn(n, 80, device=device) for n in (20, 9)]
+    cache, table, seq_lens = _paged(seqs, 16, device)
+    q_nope, q_pe = torch.randn(2, 16, 64, device=device), torch.randn(2, 16, 16, device=device)
+
+    def f(x):
+        return ks.mla_decode(x, q_pe, cache, table, seq_lens, scale=0.1, kv_lora_rank=64, rope_dim=16) * 2
+
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(q_nope)
+    assert rel_err(got, f(q_nope)) < 1e-6
+    exp = ks.explain("mla_decode", q_nope, q_pe, cache, table, seq_lens, verbose=False)
+    assert exp.chosen is not None and str(exp.candidates[-1].backend) == "reference"
+
+
+# ---- GPU-only: real sizes, CUDA-graph capture --------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads", [128, 16])
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_gpu_real_size(heads, fp8):
+    lens = [4096, 1, 0, 2049, 3000, 17]
+    scale = 0.02 if fp8 else None
+    seqs = [torch.randn(n, 576, device="cuda").to(torch.bfloat16) for n in lens]
+    cache, table, seq_lens = _paged(seqs, 64, "cuda", cache_dtype=FP8 if fp8 else None, scale=scale)
+    kv_scale = torch.tensor(0.02, device="cuda") if fp8 else None
+    q_nope = torch.randn(len(lens), heads, 512, device="cuda").to(torch.bfloat16)
+    q_pe = torch.randn(len(lens), heads, 64, device="cuda").to(torch.bfloat16)
+    kw = dict(scale=192 ** -0.5, kv_scale=kv_scale, return_lse=True)
+    got = ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, **kw)
+    want = ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, backend="reference", **kw)
+    assert rel_err(got.out, want.out) <= tolerance("norm", torch.bfloat16)
+    fin = torch.isfinite(want.lse)
+    assert torch.equal(torch.isfinite(got.lse), fin) and rel_err(got.lse[fin], want.lse[fin]) < 1e-3
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_replay_follows_new_lengths():
+    seqs = [torch.randn(n, 576, device="cuda").to(torch.bfloat16) for n in (1000, 3000, 5)]
+    cache, table, seq_lens = _paged(seqs, 64, "cuda")
+    q_nope = torch.randn(3, 128, 512, device="cuda").to(torch.bfloat16)
+    q_pe = torch.randn(3, 128, 64, device="cuda").to(torch.bfloat16)
+    kw = dict(scale=0.07, max_seq_len=4096, return_lse=True)
+    ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, **kw)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        res = ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, **kw)
+    for new in ([1000, 3000, 5], [7, 2999, 0], [1, 1, 1]):
+        seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
+        g.replay()
+        torch.cuda.synchronize()
+        want = ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, backend="reference", **kw)
+        assert rel_err(res.out, want.out) <= tolerance("norm", torch.bfloat16), new
+
+
+_AOT = r"""
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kernelset.ops.mla import kernels as K
+from kernelset.ops.mla.launch import mla_policy
+
+def run(fn, sig, consts, warps, stages, arch, name):
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, ty in sig.items()
+             if ty is not None and (ty.startswith("*") or n.startswith("stride"))}
+    consts = {**consts, **{n: None for n, ty in sig.items() if ty is None}}
+    full = {n: sig[n] if sig.get(n) is not None else "constexpr" for n in fn.arg_names}
+    c = triton.compile(ASTSource(fn, signature=full, constexprs=consts, attrs=attrs),
+                       target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps, num_stages=stages))
+    ptx = c.asm["ptx"]
+    return dict(case=name, local="ld.local" in ptx or "st.local" in ptx, vec=".v4" in ptx or ".v2" in ptx)
+
+def sig(kv, splits):
+    return dict(QN="*bf16", QP="*bf16", KV=f"*{kv}", BT="*i32", SEQ="*i32",
+                KVSCALE="*fp32" if kv.startswith("fp8") else None, O="*bf16", LSE="*fp32",
+                PO="*fp32" if splits > 1 else None, PLSE="*fp32" if splits > 1 else None, s_mul="fp32", H="i32",
+                num_head_tiles="i32", partition="i32", num_blocks="i32", max_table="i32", max_keys="i32",
+                stride_qnb="i32", stride_qnh="i32", stride_qpb="i32", stride_qph="i32", stride_kvb="i32",
+                stride_kvs="i32", stride_bt="i32")
+out = []
+# (name, arch, batch, heads, cache dtype): the policy picks the tiles, as at run time
+for name, arch, b, h, kv in (("h128-sm90", 90, 64, 128, "bf16"), ("h128-fp8-sm90", 90, 64, 128, "fp8e4nv"),
+                             ("h16-sm90", 90, 64, 16, "bf16"), ("h128-sm80", 80, 64, 128, "bf16")):
+    p = mla_policy(b, h, 512, 64, 4096, 132)
+    consts = dict(R=512, P=64, BS=64, BLOCK_H=p.block_h, BLOCK_N=p.block_n, BLOCK_R=p.block_r, BLOCK_P=p.block_p,
+                  SPLITS=p.splits, FP8=kv.startswith("fp8"), F32=False)
+    out.append(run(K._mla_decode_fwd_kernel, sig(kv, p.splits), consts, p.num_warps, p.num_stages, arch, name))
+print(json.dumps(out))
+"""
+
+
+def test_kernel_compiles_for_sm90_and_sm80():
+    """DeepSeek-V3 shapes (rank 512, rope 64, 128 or 16 heads) compile without spills, vectorized."""
+    compile_report(_AOT, 4)
