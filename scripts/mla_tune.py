@@ -21,18 +21,21 @@ def main() -> None:
     copy = timing.copy_bandwidth_gbs(dev)
     print(f"{torch.cuda.get_device_name()} copy {copy:.0f} GB/s")
     spec = ks.core.registry.op("mla_decode")
-    space = list(itertools.product((16, 32, 64), (32, 64), (4, 8), (2,), (1.0, 2.0)))
-    if not quick:
-        space += list(itertools.product((64,), (16, 32), (8,), (1, 3), (1.0, 2.0)))
-    for shape in ((64, 4096, 128, 512, 64, 64, 16), (64, 4096, 128, 512, 64, 64, 8), (64, 4096, 16, 512, 64, 64, 16)):
+    space = [(bh, bn, w, st, waves, lazy) for bh, bn, w, st, waves, lazy in
+             itertools.product((32, 64), (32, 64), (4, 8), (1, 2), (1.0, 2.0), (True, False))
+             if w == (8 if bh == 64 else 4)]
+    if quick:
+        space = [c for c in space if c[0] == 64]
+    shapes = [(64, 4096, 128, 512, 64, 64, 16), (64, 4096, 128, 512, 64, 64, 8), (64, 4096, 16, 512, 64, 64, 16)]
+    for shape in shapes:
         inp = ADAPTERS["mla_decode"].inputs(shape, torch.bfloat16, dev, "fwd")
         ref = ADAPTERS["mla_decode"].reference(inp, "fwd")[0]
         cost = spec.cost(shape, torch.bfloat16, "fwd")
         rows = []
-        for bh, bn, w, st, waves in space:
-            if bh > max(16, shape[2]) or (bh == 16 and shape[2] > 16):
-                continue
-            t = L.MlaTuning(block_h=bh, block_n=bn, num_warps=w, num_stages=st, waves=waves)
+        for bh, bn, w, st, waves, lazy in space:
+            if shape[2] <= 16:
+                bh, w = 16, 4
+            t = L.MlaTuning(block_h=bh, block_n=bn, num_warps=w, num_stages=st, waves=waves, lazy=lazy)
             with L.TUNING.use(t):
                 fn = ADAPTERS["mla_decode"].ours(inp, "fwd", "triton")
                 try:
@@ -41,14 +44,15 @@ def main() -> None:
                     graph = timing.capture(fn, 20)
                     us = timing.cuda_time_ms(graph.replay, warmup=2, reps=10, min_ms=20.0) * 1e3 / 20
                 except Exception as exc:  # out of shared memory etc.: reported, not fatal
-                    print(f"  {shape} h{bh} n{bn} w{w} s{st} waves{waves}: {type(exc).__name__} {str(exc)[:80]}")
+                    print(f"  {shape} {t}: {type(exc).__name__} {str(exc)[:80]}")
                     continue
             gbs = cost.bytes / us / 1e3
-            rows.append((us, bh, bn, w, st, waves, err, 100 * gbs / copy, cost.flops / us / 1e6))
+            rows.append((us, bh, bn, w, st, waves, lazy, err, 100 * gbs / copy, cost.flops / us / 1e6))
         rows.sort()
-        print(f"shape {shape}: best first (us, block_h, block_n, warps, stages, waves, rel_err, % copy, TFLOP/s)")
+        print(f"shape {shape}: best first (us, block_h, block_n, warps, stages, waves, lazy, rel_err, % copy, "
+              "TFLOP/s)", flush=True)
         for r in rows[:8]:
-            print("  %.1f us  h%d n%d w%d s%d waves%.0f  err %.1e  %.1f%%  %.0f TFLOP/s" % r)
+            print("  %.1f us  h%d n%d w%d s%d waves%.0f lazy %d  err %.1e  %.1f%%  %.0f TFLOP/s" % r, flush=True)
 
 
 if __name__ == "__main__":

@@ -104,12 +104,29 @@ def test_split_kv_equals_one_pass(splits, device):
         one = ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, **kw)
     with L.TUNING.use(L.MlaTuning(splits=splits, block_n=16)):
         many = ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, **kw)
-    pol = L.mla_policy(4, 16, 64, 16, table.shape[1] * 16, L.sm_count(q_nope.device),
+    pol = L.mla_policy(4, 16, 64, 16, table.shape[1] * 16, L.sm_count(q_nope.device), False,
                        L.MlaTuning(splits=splits, block_n=16))
     assert pol.splits == min(splits, table.shape[1])
     assert rel_err(many.out, one.out) < 1e-5
     fin = torch.isfinite(one.lse)
     assert torch.equal(fin, torch.isfinite(many.lse)) and rel_err(many.lse[fin], one.lse[fin]) < 1e-6
+
+
+@pytest.mark.parametrize("scale", [0.05, 1.0, 4.0], ids=["flat", "steep", "steeper"])
+def test_lazy_rescale_equals_eager(scale, device):
+    """Rows whose max keeps growing (later tokens score ever higher) cross the lazy threshold
+    several times: the result equals the rescale-every-block kernel's."""
+    lens = [200, 64, 1]
+    seqs = [torch.randn(n, 80, device=device) * torch.linspace(0.2, 3.0, n, device=device)[:, None] for n in lens]
+    cache, table, seq_lens = _paged(seqs, 16, device)
+    q_nope, q_pe = torch.randn(3, 16, 64, device=device), torch.randn(3, 16, 16, device=device)
+    kw = dict(scale=scale, kv_lora_rank=64, rope_dim=16, return_lse=True, backend="triton")
+    with L.TUNING.use(L.MlaTuning(splits=1, block_n=16, lazy=True)):
+        lazy = ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, **kw)
+    with L.TUNING.use(L.MlaTuning(splits=1, block_n=16, lazy=False)):
+        eager = ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, **kw)
+    assert rel_err(lazy.out, eager.out) < 1e-5 and rel_err(lazy.lse, eager.lse) < 1e-6
+    _check(lazy, _expected(q_nope, q_pe, seqs, scale), torch.float32, "lazy")
 
 
 def test_default_policy():
@@ -291,9 +308,9 @@ out = []
 # (name, arch, batch, heads, cache dtype): the policy picks the tiles, as at run time
 for name, arch, b, h, kv in (("h128-sm90", 90, 64, 128, "bf16"), ("h128-fp8-sm90", 90, 64, 128, "fp8e4nv"),
                              ("h16-sm90", 90, 64, 16, "bf16"), ("h128-sm80", 80, 64, 128, "bf16")):
-    p = mla_policy(b, h, 512, 64, 4096, 132)
+    p = mla_policy(b, h, 512, 64, 4096, 132, kv.startswith("fp8"))
     consts = dict(R=512, P=64, BS=64, BLOCK_H=p.block_h, BLOCK_N=p.block_n, BLOCK_R=p.block_r, BLOCK_P=p.block_p,
-                  SPLITS=p.splits, FP8=kv.startswith("fp8"), F32=False)
+                  SPLITS=p.splits, LAZY=p.lazy, FP8=kv.startswith("fp8"), F32=False)
     out.append(run(K._mla_decode_fwd_kernel, sig(kv, p.splits), consts, p.num_warps, p.num_stages, arch, name))
 print(json.dumps(out))
 """

@@ -5,7 +5,8 @@ attends to the same latent cache rows, so a head tile is the M dimension of two 
 matmuls per BLOCK_N cached tokens: S = q_nope C^T + q_pe K_pe^T ([BLOCK_H, BLOCK_N]) and
 acc += P C ([BLOCK_H, R]). The latent rows C are loaded once and serve as both keys and values;
 that is what makes MLA decode cheap in bytes (576 values per token for all heads) and heavy in
-FLOPs. Online softmax in base 2; the split's partial (output normalized over its keys, log2-sum-exp)
+FLOPs. Online softmax in base 2, the accumulator rescaled lazily (LAZY: only when a row's max grew
+by more than 2^8, as FlashAttention-3 does; the rescale is CUDA-core work on R values per head); the split's partial (output normalized over its keys, log2-sum-exp)
 goes to scratch when the context is split, merged by the paged-attention reduce kernel.
 
 Bad data never reads outside the cache: a block id outside [0, num_blocks) turns the scores into
@@ -27,7 +28,7 @@ def _mla_decode_fwd_kernel(QN, QP, KV, BT, SEQ, KVSCALE, O, LSE, PO, PLSE,
                            stride_qnb, stride_qnh, stride_qpb, stride_qph, stride_kvb, stride_kvs, stride_bt,
                            R: tl.constexpr, P: tl.constexpr, BS: tl.constexpr, BLOCK_H: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
-                           SPLITS: tl.constexpr, FP8: tl.constexpr, F32: tl.constexpr):
+                           SPLITS: tl.constexpr, LAZY: tl.constexpr, FP8: tl.constexpr, F32: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     # head tiles of one sequence are neighbours in launch order: they read the same cache rows
@@ -77,12 +78,26 @@ def _mla_decode_fwd_kernel(QN, QP, KV, BT, SEQ, KVSCALE, O, LSE, PO, PLSE,
         s = tl.where(page_ok[None, :], s, float("nan"))
         s = tl.where(n_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + _dot(p.to(QN.dtype.element_ty), c, F32)
-        m_i = m_new
+        if LAZY:
+            # rescale the [BLOCK_H, R] accumulator only when a row's max grew by more than 2^8:
+            # until then p = 2^(s - m_i) <= 256, exact enough in fp32 sums and bf16 operands
+            grow = tl.max(tl.where(m_new > m_i, m_new - m_i, 0.0), 0)
+            if grow > 8.0:
+                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.exp2(m_i - m_use)
+                l_i = l_i * alpha
+                acc = acc * alpha[:, None]
+                m_i = m_new
+            p = tl.exp2(s - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
+            l_i = l_i + tl.sum(p, 1)
+            acc = acc + _dot(p.to(QN.dtype.element_ty), c, F32)
+        else:
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_use)
+            p = tl.exp2(s - m_use[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + _dot(p.to(QN.dtype.element_ty), c, F32)
+            m_i = m_new
 
     if FP8:
         acc = acc * kv_scale

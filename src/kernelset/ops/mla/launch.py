@@ -36,7 +36,10 @@ class MlaTuning:
     block_n: int | None = None  # cached tokens per iteration (None: 32)
     num_warps: int | None = None
     num_stages: int | None = None
-    waves: float = 2.0  # programs wanted per SM before splitting stops
+    # rescale the accumulator only when a row max grew by > 2^8: correct, but its branch cost
+    # 10-30% on the H100 (the accumulator rescale is not what bounds this kernel), so off
+    lazy: bool = False
+    waves: float = 1.0  # programs wanted per SM before splitting stops (1 beat 2 by 1-6%)
     min_partition: int = 256  # fewest tokens per split
     max_splits: int = 64  # the reduce kernel holds every split's partial of one row at once
 
@@ -55,15 +58,18 @@ class MlaLaunch:
     partition: int  # tokens per split, a multiple of block_n
     num_warps: int
     num_stages: int
+    lazy: bool
 
 
 @functools.lru_cache(maxsize=4096)
-def mla_policy(batch: int, heads: int, rank: int, rope_dim: int, max_keys: int, sms: int,
+def mla_policy(batch: int, heads: int, rank: int, rope_dim: int, max_keys: int, sms: int, fp8: bool = False,
                tuning: MlaTuning = MlaTuning()) -> MlaLaunch:
     block_r, block_p = _pow2(rank), max(16, _pow2(rope_dim))
     # tl.dot needs M >= 16; 64 heads x 512 fp32 accumulators are 128 registers per thread at 8 warps
     block_h = tuning.block_h or min(64, max(16, _pow2(heads)))
-    block_n = tuning.block_n or 32
+    # measured on an H100 (scripts/mla_tune.py, docs/benchmarks/2026-11-23-h100-s3): 64 tokens per
+    # iteration at 64-head tiles (25.5% of copy vs 21% at 32), 32 for small head counts
+    block_n = tuning.block_n or (64 if block_h >= 64 else 32)
     head_tiles = -(-heads // block_h)
     base = max(1, batch * head_tiles)
     keys = max(1, max_keys)
@@ -77,8 +83,11 @@ def mla_policy(batch: int, heads: int, rank: int, rope_dim: int, max_keys: int, 
     partition = -(-(-(-keys // splits)) // block_n) * block_n
     splits = -(-keys // partition)
     warps = tuning.num_warps or (8 if block_h * block_r >= 32 * 512 else 4)
+    # fp8 caches: one stage measured 8% faster than two at 64-head tiles (the e4m3 widening
+    # between load and dot leaves nothing for a second buffer to hide)
+    stages = 1 if fp8 and block_h >= 64 else 2
     return MlaLaunch(block_h, block_n, block_r, block_p, head_tiles, splits, partition, warps,
-                     tuning.num_stages or 2)
+                     tuning.num_stages or stages, tuning.lazy)
 
 
 def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, kv_scale, max_seq_len):
@@ -93,8 +102,8 @@ def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, kv_scale, m
         return out, lse
     max_table = block_table.shape[1]
     max_keys = min(max_seq_len, max_table * bs)
-    p = mla_policy(b, h, r, p_dim, max_keys, sm_count(q_nope.device), TUNING.active())
     fp8 = kv_cache.dtype == torch.float8_e4m3fn
+    p = mla_policy(b, h, r, p_dim, max_keys, sm_count(q_nope.device), fp8, TUNING.active())
     f32 = q_nope.dtype == torch.float32 or config.get().triton_interpret
     if p.splits > 1:
         po = torch.empty((b, h, p.splits, r), dtype=torch.float32, device=q_nope.device)
@@ -105,7 +114,7 @@ def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, kv_scale, m
          out, lse, po, plse, scale * 1.4426950408889634, h, p.head_tiles, p.partition, nb, max_table, max_keys,
          q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), kv_cache.stride(0), kv_cache.stride(1),
          block_table.stride(0), R=r, P=p_dim, BS=bs, BLOCK_H=p.block_h, BLOCK_N=p.block_n, BLOCK_R=p.block_r,
-         BLOCK_P=p.block_p, SPLITS=p.splits, FP8=fp8, F32=f32, num_warps=p.num_warps, num_stages=p.num_stages)
+         BLOCK_P=p.block_p, SPLITS=p.splits, LAZY=p.lazy, FP8=fp8, F32=f32, num_warps=p.num_warps, num_stages=p.num_stages)
     if p.splits > 1:
         _reduce((b * h,), po, plse, None, out, lse, D=r, SPLITS=p.splits, BLOCK_S=_pow2(p.splits),
                 BLOCK_D=p.block_r, HAS_SINKS=False, Hq=h, num_warps=4)
