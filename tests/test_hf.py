@@ -58,7 +58,10 @@ NORMS = {"qwen3": 9, "qwen3_moe": 9, "gemma2": 9, "gemma3_text": 13, "olmo2": 9,
 
 
 def tiny_model(family: str, **kw) -> torch.nn.Module:
-    return build_model(config_for(FAMILY_PRESETS[family], tiny_model=True, init_std=0.2, **kw), device=DEVICE)
+    # eager attention: transformers' reference math for the baseline (its SDPA path drops Gemma 2's
+    # logit softcap on a GPU with some versions, and the proof would compare against that)
+    return build_model(config_for(FAMILY_PRESETS[family], tiny_model=True, init_std=0.2, **kw), device=DEVICE,
+                       attn_implementation="eager")
 
 
 def logits(model, ids):

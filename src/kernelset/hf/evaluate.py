@@ -46,8 +46,11 @@ def config_for(spec: str, *, tiny_model: bool = False, layers: int | None = None
 
 
 def build_model(cfg: dict[str, Any], *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                seed: int = 0) -> nn.Module:
-    """A random-initialised causal LM from config values (transformers' own init), in eval mode."""
+                seed: int = 0, attn_implementation: str | None = None) -> nn.Module:
+    """A random-initialised causal LM from config values (transformers' own init), in eval mode.
+    ``attn_implementation`` (e.g. "eager"): transformers' attention for the unpatched model; None
+    lets transformers choose (SDPA where it can, which for some versions and models skips the
+    attention logit softcap: Gemma 2 on a GPU with transformers 5.17)."""
     require_transformers()
     from transformers import AutoConfig, AutoModelForCausalLM
     values = dict(cfg)
@@ -55,7 +58,8 @@ def build_model(cfg: dict[str, Any], *, dtype: torch.dtype = torch.float32, devi
     config = AutoConfig.for_model(model_type, **values)
     torch.manual_seed(seed)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, **extra)
     return model.eval()
 
 
