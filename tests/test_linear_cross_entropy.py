@@ -342,3 +342,28 @@ def test_gpu_memory_stays_within_the_formula():
     assert extra < t * v * 2  # less than the logits alone
     want, grads = _reference(hidden, weight, None, target, {}, "mean", None)
     _check(loss, want, (hidden, weight), grads[:2], torch.bfloat16)
+
+
+def test_backward_allocates_no_weight_sized_tensor():
+    # dweight is computed in the forward; the backward only scales it in place and hands it to
+    # AccumulateGrad, which steals it. A [V, H] allocation in the backward (e.g. autograd
+    # materialising zeros for the unused dweight output) doubles the peak memory of the op.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    hidden, weight, _, target = _inputs(torch.float32, torch.device("cpu"), t=16, h=24, v=40, bias=False)
+    loss = ks.linear_cross_entropy(hidden, weight, target)
+    seen = []
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for o in (out if isinstance(out, (tuple, list)) else (out,)):
+                if isinstance(o, torch.Tensor) and tuple(o.shape) in {tuple(weight.shape), tuple(hidden.shape)}:
+                    seen.append(str(func))
+            return out
+
+    with Watch():
+        loss.backward()
+    allocating = [f for f in seen if not any(k in f for k in ("_.", "set_", "detach", "view", "alias"))]
+    assert not allocating, f"backward allocated gradient-sized tensors: {allocating}"
+    assert weight.grad is not None and hidden.grad is not None
