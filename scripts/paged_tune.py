@@ -14,6 +14,14 @@ from kernelset.ops.attention import launch as L
 from kernelset.ops.attention.bench import ADAPTERS
 
 
+def _grid(fp8: bool):
+    """(block_n, splits, num_warps, num_stages); None: the policy's value. bf16: keys per
+    iteration x splits; fp8: also warps and stages (its tiles carry half the bytes)."""
+    if not fp8:
+        return [(n, s, None, None) for n, s in itertools.product((None, 32, 64, 128), (None, 2, 4, 8))]
+    return [(n, s, w, st) for n, s, w, st in itertools.product((None, 64, 128, 256), (None, 2), (4, 8), (None, 2, 4, 5))]
+
+
 def main() -> None:
     dev = torch.device("cuda")
     copy = timing.copy_bandwidth_gbs(dev)
@@ -21,13 +29,13 @@ def main() -> None:
     spec = ks.core.registry.op("paged_attention")
     adapter = ADAPTERS["paged_attention"]
     for shape in ((64, 4096, 32, 8, 128, 16, 16), (64, 4096, 32, 8, 128, 16, 8), (8, 32768, 32, 8, 128, 16, 16),
-                  (8, 32768, 32, 8, 128, 16, 8)):
+                  (8, 32768, 32, 8, 128, 16, 8), (1, 32768, 32, 8, 128, 16, 16)):
         inp = adapter.inputs(shape, torch.bfloat16, dev, "fwd")
         ref = adapter.reference(inp, "fwd")[0]
         cost = spec.cost(shape, torch.bfloat16, "fwd")
         rows = []
-        for block_n, splits in itertools.product((32, 64, 128), (None, 2, 4, 8)):
-            t = L.PagedTuning(block_n=block_n, splits=splits)
+        for block_n, splits, warps, stages in _grid(shape[-1] == 8):
+            t = L.PagedTuning(block_n=block_n, splits=splits, num_warps=warps, num_stages=stages)
             with L.TUNING.use(t):
                 fn = adapter.ours(inp, "fwd", "triton")
                 try:
@@ -38,11 +46,14 @@ def main() -> None:
                 except Exception as exc:  # out of resources: reported, not fatal
                     print(f"  {shape} {t}: {type(exc).__name__} {str(exc)[:80]}")
                     continue
-            rows.append((us, block_n, splits or 0, err, 100 * cost.bytes / us / 1e3 / copy))
+            rows.append((us, block_n or 0, splits or 0, warps or 0, stages or 0, err,
+                         100 * cost.bytes / us / 1e3 / copy))
         rows.sort()
-        print(f"shape {shape}: best first (us, block_n, splits (0: policy), rel_err, % copy)", flush=True)
-        for r in rows[:6]:
-            print("  %.1f us  n%d splits %d  err %.1e  %.1f%%" % r, flush=True)
+        print(f"shape {shape}: best first (us, block_n, splits, warps, stages (0: the policy's), rel_err, % copy)",
+              flush=True)
+        for r in rows[:12]:
+            print("  %.1f us  n%d splits %d warps %d stages %d  err %.1e  %.1f%%" % r, flush=True)
+        print("  policy: %s" % next((f"{r[0]:.1f} us" for r in rows if r[1:5] == (0, 0, 0, 0)), "failed"), flush=True)
 
 
 if __name__ == "__main__":

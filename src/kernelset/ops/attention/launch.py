@@ -37,7 +37,9 @@ class PagedTuning:
     waves: float = 4.0  # programs wanted per SM before splitting stops
     min_partition: int = 256  # fewest keys per split
     max_splits: int = 64  # the reduce kernel holds every split's partial of one row at once
-    block_n: int | None = None  # keys per iteration (None: 64, or 32 at head size 256)
+    block_n: int | None = None  # keys per iteration (None: the policy's choice, see paged_policy)
+    num_warps: int | None = None  # None: 4
+    num_stages: int | None = None  # None: 3 (2 at head size 256)
 
 
 TUNING = TuningStack(PagedTuning())
@@ -68,12 +70,22 @@ def sm_count(device: torch.device) -> int:
 
 @functools.lru_cache(maxsize=4096)
 def paged_policy(batch: int, kv_heads: int, group: int, head_dim: int, max_seqlen_q: int, max_keys: int, sms: int,
-                 tuning: PagedTuning = PagedTuning()) -> PagedLaunch:
+                 tuning: PagedTuning = PagedTuning(), fp8: bool = False) -> PagedLaunch:
     block_d = _pow2(head_dim)
     rows = max_seqlen_q * group
     # decode: the group's heads of one token (a tile of 16 to 64 rows); more query tokens: 64-row tiles
     block_m = min(64, max(16, _pow2(rows)))
-    block_n = tuning.block_n or (64 if block_d <= 128 else 32)
+    # keys per iteration, from the H100 sweep (scripts/paged_tune.py, docs/benchmarks/2026-11-23-h100-s4):
+    # decode over a 16/32-bit cache at D <= 128: 32 (97% of copy at B64 ctx4096 against 90% with 64);
+    # an fp8 cache: 128 (dequantising in wider tiles: 270 us against 383 us with 32)
+    if tuning.block_n:
+        block_n = tuning.block_n
+    elif block_d > 128:
+        block_n = 32
+    elif fp8:
+        block_n = 128
+    else:
+        block_n = 32 if max_seqlen_q == 1 else 64
     tiles = -(-rows // block_m)
     base = max(1, batch * kv_heads * tiles)
     keys = max(1, max_keys)
@@ -86,7 +98,8 @@ def paged_policy(batch: int, kv_heads: int, group: int, head_dim: int, max_seqle
     splits = max(1, min(splits, tuning.max_splits))
     partition = -(-(-(-keys // splits)) // block_n) * block_n
     splits = -(-keys // partition)
-    return PagedLaunch(block_m, block_n, block_d, tiles, splits, partition, 4, 3 if block_d <= 128 else 2)
+    return PagedLaunch(block_m, block_n, block_d, tiles, splits, partition, tuning.num_warps or 4,
+                       tuning.num_stages or (3 if block_d <= 128 else 2))
 
 
 def paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, max_seqlen_q, causal, scale, window,
@@ -103,7 +116,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, ma
     varlen = cu_seqlens_q is not None
     max_table = block_table.shape[1]
     max_keys = min(max_seq_len, max_table * bs)
-    p = paged_policy(b, hkv, g, d, max_seqlen_q if varlen else 1, max_keys, sm_count(q.device), TUNING.active())
+    p = paged_policy(b, hkv, g, d, max_seqlen_q if varlen else 1, max_keys, sm_count(q.device), TUNING.active(),
+                     k_cache.dtype.itemsize == 1)
     left, right = window
     if causal:
         right = 0 if right < 0 else min(right, 0)
