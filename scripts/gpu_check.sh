@@ -26,9 +26,12 @@ if [[ $TUNE == 1 ]]; then
   echo "== norm tuning sweep"
   $PY scripts/norm_tune.py 2>&1 | tee "$OUT/tune.log"
 fi
+echo "== C ABI: every exported op through libkernelset.so vs the Python path (bitwise, time within 5%)"
+$PY scripts/capi_gpu_check.py --json "$OUT/capi_gpu.json" 2>&1 | tee "$OUT/capi_gpu.log" | tail -30
+capi_rc=${PIPESTATUS[0]}
 echo "== benchmarks"
 $PY -m kernelset bench "$@" --json "$OUT/bench.json" --png "$OUT/bench.png" 2>"$OUT/bench.err" | tee "$OUT/bench.log"
 bench_rc=${PIPESTATUS[0]}
 tail -3 "$OUT/bench.err"
-echo "== tests rc=$test_rc bench rc=$bench_rc"
-exit $(( test_rc || bench_rc ))
+echo "== tests rc=$test_rc capi rc=$capi_rc bench rc=$bench_rc"
+exit $(( test_rc || capi_rc || bench_rc ))

@@ -10,11 +10,16 @@
  * - Option structs are plain data whose first field `size` must be set to sizeof(struct) by the
  *   caller (ks_options_init does it and fills the defaults); fields are only ever appended
  *   within a major version, and the library reads only the first `size` bytes (the rest take
- *   their defaults). Passing NULL options means all defaults.
+ *   their defaults). Passing NULL options means all defaults. A field appended in a later minor
+ *   starts at or after the struct's previous sizeof, so an old caller's tail padding is never
+ *   read as a new field.
  * - Every op takes an explicit stream (CUstream / cudaStream_t; NULL = the legacy default
  *   stream). It is ignored for CPU tensors, which run synchronously on the calling thread.
  * - All tensors of one call live on the same device. Strides are in elements (DLPack); a tensor
  *   whose layout an op cannot honour is refused with KS_ERR_UNSUPPORTED_LAYOUT.
+ * - Index data (positions, slots, block ids, seq_lens, cu_seqlens, block_mapping) is checked on CPU
+ *   (KS_ERR_INVALID_ARGUMENT naming the offending index); on CUDA it is trusted (checking would
+ *   need a host sync), as in the Python package under graph capture.
  * - Storage dtypes: float32, float16, bfloat16 (fp8 e4m3fn for KV caches where noted), with fp32
  *   accumulation. Index tensors are int32 unless noted (positions, ids and targets: int32 or int64).
  */
@@ -252,7 +257,8 @@ KS_API ks_status_t ks_cross_entropy(const DLTensor *logits, const DLTensor *targ
 KS_API ks_status_t ks_embedding(const DLTensor *ids, const DLTensor *weight, DLTensor *out, ks_stream_t stream);
 
 /* ---- RoPE, in place on q [T, Hq*D] or [T, Hq, D] and k (same, or NULL). positions [T]
- * int32/int64 (mrope: [3, T]); cos_sin_cache [max_pos, rotary_dim] (cos half, then sin half). */
+ * int32/int64 (mrope: [3, T]); cos_sin_cache [max_pos, rotary_dim] (cos half, then sin half).
+ * A position outside [0, max_pos) leaves its token unrotated (as the Python package does). */
 KS_API ks_status_t ks_rotary_embedding(const DLTensor *positions, DLTensor *q, DLTensor *k,
                                        const DLTensor *cos_sin_cache, const ks_rope_options *options,
                                        ks_stream_t stream);
@@ -273,7 +279,7 @@ KS_API ks_status_t ks_reshape_and_cache(const DLTensor *key, const DLTensor *val
 KS_API ks_status_t ks_copy_blocks(DLTensor *const *k_caches, DLTensor *const *v_caches, int32_t num_layers,
                                   const DLTensor *block_mapping, ks_stream_t stream);
 
-/* ---- Attention. LSE outputs are float32 natural-log softmax denominators.
+/* ---- Attention. LSE outputs are float32 natural-log softmax denominators; sinks are [Hq] float32.
  * paged: q [B, Hq, D] (decode; cu_seqlens_q NULL) or [T, Hq, D] with cu_seqlens_q [B+1] int32;
  * block_table [B, max_blocks] int32; seq_lens [B] int32; out like q; lse [T, Hq] or NULL;
  * sinks [Hq] float32 or NULL. max_seq_len bounds seq_lens (0 = the block table's capacity).

@@ -42,8 +42,9 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # ks.hf (HuggingFace integration) is imported on first use, so `import kernelset` never imports transformers
-    if name == "hf":
+    # ks.hf (HuggingFace integration) and ks.capi (the C library through ctypes) are imported on first
+    # use, so `import kernelset` never imports transformers nor loads libkernelset.so
+    if name in ("hf", "capi"):
         import importlib
-        return importlib.import_module(".hf", __name__)
+        return importlib.import_module("." + name, __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,5 +1,8 @@
-"""Launchers of the embedding kernels."""
+"""Launch policy and launchers of the embedding kernels."""
 from __future__ import annotations
+
+import dataclasses
+import functools
 
 import torch
 
@@ -15,15 +18,30 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+@dataclasses.dataclass(frozen=True)
+class EmbeddingLaunch:
+    block_m: int
+    block_d: int
+    num_warps: int
+    grid: tuple[int, int]
+
+
+@functools.lru_cache(maxsize=4096)
+def embedding_policy(m: int, d: int) -> EmbeddingLaunch:
+    """Forward tiles: up to 1024 columns of a row, rows stacked to ~2048 elements per program."""
+    block_d = min(_pow2(d), 1024)
+    block_m = max(1, min(2048 // block_d, _pow2(m)))
+    return EmbeddingLaunch(block_m, block_d, 4, (-(-m // block_m), -(-d // block_d)))
+
+
 def embedding_fwd(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     v, d = weight.shape
     out = empty((*ids.shape, d), weight.dtype, weight.device)
     m = ids.numel()
     if m and d:
-        block_d = min(_pow2(d), 1024)
-        block_m = max(1, min(2048 // block_d, _pow2(m)))
-        _fwd((-(-m // block_m), -(-d // block_d)), ids.reshape(-1), weight, out, m, v, d, weight.stride(0),
-             BLOCK_M=block_m, BLOCK_D=block_d, num_warps=4)
+        p = embedding_policy(m, d)
+        _fwd(p.grid, ids.reshape(-1), weight, out, m, v, d, weight.stride(0),
+             BLOCK_M=p.block_m, BLOCK_D=p.block_d, num_warps=p.num_warps)
     return out
 
 

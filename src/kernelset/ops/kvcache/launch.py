@@ -51,6 +51,20 @@ def reshape_and_cache(key, value, k_cache, v_cache, slot_mapping, k_scale, v_sca
            num_warps=p.num_warps)
 
 
+@dataclasses.dataclass(frozen=True)
+class CopyLaunch:
+    chunk: int
+    num_warps: int
+    grid: tuple[int, int]
+
+
+@functools.lru_cache(maxsize=1024)
+def copy_policy(n: int, elems: int) -> CopyLaunch:
+    """copy_blocks of ``n`` pairs of blocks of ``elems`` elements: chunks of up to 4096 elements."""
+    chunk = min(_pow2(elems), 4096)
+    return CopyLaunch(chunk, 4, (n, -(-elems // chunk)))
+
+
 def copy_blocks(k_caches, v_caches, block_mapping) -> None:
     """One launch per layer (key and value together); block_mapping already on the device."""
     n = block_mapping.shape[0]
@@ -61,6 +75,6 @@ def copy_blocks(k_caches, v_caches, block_mapping) -> None:
         elems = k_cache[0].numel()
         if elems == 0:
             continue
-        chunk = min(_pow2(elems), 4096)
-        _copy((n, -(-elems // chunk)), k_cache, v_cache, pairs, k_cache.shape[0], k_cache.stride(0),
-              v_cache.stride(0), BLOCK_ELEMS=elems, CHUNK=chunk, num_warps=4)
+        p = copy_policy(n, elems)
+        _copy(p.grid, k_cache, v_cache, pairs, k_cache.shape[0], k_cache.stride(0),
+              v_cache.stride(0), BLOCK_ELEMS=elems, CHUNK=p.chunk, num_warps=p.num_warps)

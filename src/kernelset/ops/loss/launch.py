@@ -33,6 +33,21 @@ active = _tuning.active
 use = _tuning.use  # tests force several vocabulary chunks on short rows
 
 
+@dataclasses.dataclass(frozen=True)
+class CELaunch:
+    block: int  # vocabulary chunk per loop step
+    num_warps: int
+    grid: int
+
+
+def ce_fwd_policy(m: int, v: int, sms: int, need_grad: bool, t: CETuning) -> CELaunch:
+    """_ce_fwd_kernel's launch: with a gradient, few rows in flight (a persistent grid) so pass 2
+    finds them in L2; without, one row per program."""
+    block = min(t.block if need_grad else t.block_fwd, 1 << max(0, (v - 1).bit_length()))
+    warps = min(t.num_warps if need_grad else t.num_warps_fwd, max(1, block // 256))
+    return CELaunch(block, warps, min(m, t.programs_per_sm * sms) if need_grad else m)
+
+
 def _scale_tensor(target: torch.Tensor, ignore_index: int, reduction: str, need_grad: bool) -> torch.Tensor | None:
     """The gradient's scale, on the device (no host sync): 1 / max(1, rows not ignored) for mean,
     1 for sum/none when a gradient is written, and nothing otherwise."""
@@ -50,13 +65,10 @@ def ce_fwd(logits, target, ignore_index, smoothing, z_loss, softcap, reduction, 
     scale = _scale_tensor(target, ignore_index, reduction, need_grad)
     if m:
         t = active()
-        # with a gradient, few rows in flight so pass 2 finds them in L2; without, one row per program
-        block = min(t.block if need_grad else t.block_fwd, 1 << max(0, (v - 1).bit_length()))
-        warps = min(t.num_warps if need_grad else t.num_warps_fwd, max(1, block // 256))
-        grid = min(m, t.programs_per_sm * sm_count(logits.device)) if need_grad else m
-        _fwd((grid,), logits, target, loss, lse, dx, scale, m, v, row_stride(logits), v, ignore_index, smoothing,
-             z_loss, softcap or 0.0, SOFTCAP=bool(softcap), SMOOTH=smoothing > 0.0, HAS_GRAD=need_grad, BLOCK=block,
-             STREAM_STORE=t.stream_store, num_warps=warps)
+        p = ce_fwd_policy(m, v, sm_count(logits.device), need_grad, t)
+        _fwd((p.grid,), logits, target, loss, lse, dx, scale, m, v, row_stride(logits), v, ignore_index, smoothing,
+             z_loss, softcap or 0.0, SOFTCAP=bool(softcap), SMOOTH=smoothing > 0.0, HAS_GRAD=need_grad,
+             BLOCK=p.block, STREAM_STORE=t.stream_store, num_warps=p.num_warps)
     if reduction == "none":
         return loss, dx
     total = loss.sum()

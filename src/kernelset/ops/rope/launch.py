@@ -1,5 +1,8 @@
-"""Launchers of the rotary-embedding kernels."""
+"""Launch policy and launchers of the rotary-embedding kernels."""
 from __future__ import annotations
+
+import dataclasses
+import functools
 
 import torch
 
@@ -9,18 +12,34 @@ from .kernels import _rope_apply_kernel, _rope_ext_fwd_kernel, _rope_fwd_kernel
 _fwd = FastKernel(_rope_fwd_kernel)
 
 
+@dataclasses.dataclass(frozen=True)
+class RopeLaunch:
+    block_h: int
+    block_r: int
+    num_warps: int
+    grid: tuple[int, int]
+
+
+@functools.lru_cache(maxsize=4096)
+def rope_fwd_policy(t: int, h: int, half: int) -> RopeLaunch:
+    """Tiles of _rope_fwd_kernel for one tensor of ``h`` heads over ``t`` tokens rotating ``half``
+    pairs per head: all pairs of a head, heads stacked up to ~2048 pairs per program."""
+    block_r = 1 << max(0, (half - 1).bit_length())
+    block_h = max(1, min(1 << max(0, (h - 1).bit_length()), 2048 // block_r))
+    return RopeLaunch(block_h, block_r, 4 if block_h * block_r >= 1024 else 2, (t, -(-h // block_h)))
+
+
 def rope_fwd(positions, q, k, cache, interleaved, head_size):
     t = positions.numel()
     half = cache.shape[1] // 2
-    block_r = 1 << max(0, (half - 1).bit_length())
     for x in (q, k):
         if x is None or t == 0:
             continue
         h = x[0].numel() // head_size if x.shape[0] else 0
-        block_h = max(1, min(1 << max(0, (h - 1).bit_length()), 2048 // block_r))
-        _fwd((t, -(-h // block_h)), positions, x, cache, h, cache.shape[0], x.stride(0), cache.stride(0),
-             D=head_size, HALF=half, INTERLEAVED=interleaved, BLOCK_H=block_h, BLOCK_R=block_r,
-             num_warps=4 if block_h * block_r >= 1024 else 2)
+        p = rope_fwd_policy(t, h, half)
+        _fwd(p.grid, positions, x, cache, h, cache.shape[0], x.stride(0), cache.stride(0),
+             D=head_size, HALF=half, INTERLEAVED=interleaved, BLOCK_H=p.block_h, BLOCK_R=p.block_r,
+             num_warps=p.num_warps)
 
 
 _apply = FastKernel(_rope_apply_kernel)

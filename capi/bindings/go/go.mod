@@ -1,0 +1,3 @@
+module kernelset.dev/kernelset
+
+go 1.19

@@ -1,0 +1,229 @@
+// Package kernelset binds libkernelset, kernelset's stable C ABI (capi/include/kernelset.h):
+// fused inference kernels (norms, activations, softmax, cross-entropy, embedding, RoPE, paged KV
+// cache, paged and flash attention) on CPU and CUDA tensors, without copies.
+//
+// Tensors live in C memory ([NewTensor], freed by [Tensor.Free] or the garbage collector), so
+// calls pass them to the library as they are (cgo forbids C from holding Go pointers); device
+// memory from another library is wrapped with [WrapPointer]. Every op returns an error, an
+// *[Error] carrying the library's [Status] and its message naming the argument.
+//
+// Linking: by default the package links src/kernelset/capi/lib/libkernelset.so of this checkout
+// (built by scripts/build_capi.sh) with an rpath to it; elsewhere set CGO_LDFLAGS="-L<dir>
+// -Wl,-rpath,<dir>".
+package kernelset
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../../include
+#cgo LDFLAGS: -L${SRCDIR}/../../../src/kernelset/capi/lib -Wl,-rpath,${SRCDIR}/../../../src/kernelset/capi/lib -lkernelset
+#include <stdlib.h>
+#include "kernelset.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"runtime"
+	"unsafe"
+)
+
+// ABI version this package was built against.
+const (
+	ABIMajor = C.KS_ABI_VERSION_MAJOR
+	ABIMinor = C.KS_ABI_VERSION_MINOR
+)
+
+// Status is a ks_status_t.
+type Status int32
+
+const (
+	OK                   Status = C.KS_OK
+	ErrInvalidArgument   Status = C.KS_ERR_INVALID_ARGUMENT
+	ErrUnsupportedDtype  Status = C.KS_ERR_UNSUPPORTED_DTYPE
+	ErrUnsupportedShape  Status = C.KS_ERR_UNSUPPORTED_SHAPE
+	ErrUnsupportedLayout Status = C.KS_ERR_UNSUPPORTED_LAYOUT
+	ErrUnsupportedDevice Status = C.KS_ERR_UNSUPPORTED_DEVICE
+	ErrUnsupportedArch   Status = C.KS_ERR_UNSUPPORTED_ARCH
+	ErrCUDA              Status = C.KS_ERR_CUDA
+	ErrOutOfMemory       Status = C.KS_ERR_OUT_OF_MEMORY
+	ErrNotImplemented    Status = C.KS_ERR_NOT_IMPLEMENTED
+	ErrVersion           Status = C.KS_ERR_VERSION
+	ErrInternal          Status = C.KS_ERR_INTERNAL
+)
+
+// String is the library's name of the status ("KS_ERR_INVALID_ARGUMENT").
+func (s Status) String() string { return C.GoString(C.ks_status_name(C.ks_status_t(s))) }
+
+// Error is a failed call: its status and message.
+type Error struct {
+	Status  Status
+	Message string
+}
+
+func (e *Error) Error() string { return e.Status.String() + ": " + e.Message }
+
+func check(s C.ks_status_t) error {
+	if s == C.KS_OK {
+		return nil
+	}
+	return &Error{Status: Status(s), Message: C.GoString(C.ks_last_error())}
+}
+
+func invalid(format string, args ...interface{}) error {
+	return &Error{Status: ErrInvalidArgument, Message: fmt.Sprintf(format, args...)}
+}
+
+// LastError is this OS thread's last message ("" after a successful call). Errors returned by
+// this package already carry it; goroutines may move between threads, so prefer those.
+func LastError() string { return C.GoString(C.ks_last_error()) }
+
+// BuildInfo is "kernelset 0.1.0; abi 1.0; cuda: ...".
+func BuildInfo() string { return C.GoString(C.ks_build_info()) }
+
+// ABIVersion is the loaded library's ABI (major, minor).
+func ABIVersion() (major, minor int32) {
+	var ma, mi C.int32_t
+	C.ks_abi_version(&ma, &mi)
+	return int32(ma), int32(mi)
+}
+
+// Op is a ks_op_t.
+type Op int32
+
+const (
+	OpRmsNorm              Op = C.KS_OP_RMS_NORM
+	OpFusedAddRmsNorm      Op = C.KS_OP_FUSED_ADD_RMS_NORM
+	OpLayerNorm            Op = C.KS_OP_LAYER_NORM
+	OpSiluAndMul           Op = C.KS_OP_SILU_AND_MUL
+	OpGeluAndMul           Op = C.KS_OP_GELU_AND_MUL
+	OpSwiglu               Op = C.KS_OP_SWIGLU
+	OpGelu                 Op = C.KS_OP_GELU
+	OpSwigluOai            Op = C.KS_OP_SWIGLU_OAI
+	OpSoftmax              Op = C.KS_OP_SOFTMAX
+	OpLogSoftmax           Op = C.KS_OP_LOG_SOFTMAX
+	OpCrossEntropy         Op = C.KS_OP_CROSS_ENTROPY
+	OpEmbedding            Op = C.KS_OP_EMBEDDING
+	OpRotaryEmbedding      Op = C.KS_OP_ROTARY_EMBEDDING
+	OpMrope                Op = C.KS_OP_MROPE
+	OpQkNormRope           Op = C.KS_OP_QK_NORM_ROPE
+	OpReshapeAndCache      Op = C.KS_OP_RESHAPE_AND_CACHE
+	OpCopyBlocks           Op = C.KS_OP_COPY_BLOCKS
+	OpPagedAttention       Op = C.KS_OP_PAGED_ATTENTION
+	OpMergeAttnStates      Op = C.KS_OP_MERGE_ATTN_STATES
+	OpFlashAttention       Op = C.KS_OP_FLASH_ATTENTION
+	OpFlashAttentionVarlen Op = C.KS_OP_FLASH_ATTENTION_VARLEN
+)
+
+// OpNames maps each op to its C name without the ks_ prefix, in id order.
+var OpNames = []struct {
+	Op   Op
+	Name string
+}{
+	{OpRmsNorm, "rms_norm"}, {OpFusedAddRmsNorm, "fused_add_rms_norm"}, {OpLayerNorm, "layer_norm"},
+	{OpSiluAndMul, "silu_and_mul"}, {OpGeluAndMul, "gelu_and_mul"}, {OpSwiglu, "swiglu"}, {OpGelu, "gelu"},
+	{OpSwigluOai, "swiglu_oai"}, {OpSoftmax, "softmax"}, {OpLogSoftmax, "log_softmax"},
+	{OpCrossEntropy, "cross_entropy"}, {OpEmbedding, "embedding"}, {OpRotaryEmbedding, "rotary_embedding"},
+	{OpMrope, "mrope"}, {OpQkNormRope, "qk_norm_rope"}, {OpReshapeAndCache, "reshape_and_cache"},
+	{OpCopyBlocks, "copy_blocks"}, {OpPagedAttention, "paged_attention"}, {OpMergeAttnStates, "merge_attn_states"},
+	{OpFlashAttention, "flash_attention"}, {OpFlashAttentionVarlen, "flash_attention_varlen"},
+}
+
+// Enumerated option values.
+const (
+	NormCastLlama = C.KS_NORM_CAST_LLAMA
+	NormCastGemma = C.KS_NORM_CAST_GEMMA
+	GeluNone      = C.KS_GELU_NONE
+	GeluTanh      = C.KS_GELU_TANH
+	ReductionNone = C.KS_REDUCTION_NONE
+	ReductionMean = C.KS_REDUCTION_MEAN
+	ReductionSum  = C.KS_REDUCTION_SUM
+)
+
+// Stream is a CUDA stream (CUstream); nil is the legacy default stream. CPU calls ignore it.
+type Stream unsafe.Pointer
+
+// VerifyAPITable checks that ks_get_api's table of this major version is the linked library:
+// its size, versions, and every function pointer equal to the symbol of the same name.
+func VerifyAPITable() error {
+	var t *C.ks_api_t
+	if err := check(C.ks_get_api(ABIMajor, ABIMinor, &t)); err != nil {
+		return err
+	}
+	if uintptr(t.size) < unsafe.Sizeof(*t) || t.abi_major != ABIMajor || t.abi_minor < ABIMinor {
+		return fmt.Errorf("ks_api_t: size %d, abi %d.%d; this package expects %d bytes of abi %d.%d",
+			t.size, t.abi_major, t.abi_minor, unsafe.Sizeof(*t), ABIMajor, ABIMinor)
+	}
+	pairs := []struct {
+		name      string
+		got, want unsafe.Pointer
+	}{
+		{"last_error", unsafe.Pointer(t.last_error), unsafe.Pointer(C.ks_last_error)},
+		{"status_name", unsafe.Pointer(t.status_name), unsafe.Pointer(C.ks_status_name)},
+		{"build_info", unsafe.Pointer(t.build_info), unsafe.Pointer(C.ks_build_info)},
+		{"options_init", unsafe.Pointer(t.options_init), unsafe.Pointer(C.ks_options_init)},
+		{"query_support", unsafe.Pointer(t.query_support), unsafe.Pointer(C.ks_query_support)},
+		{"rms_norm", unsafe.Pointer(t.rms_norm), unsafe.Pointer(C.ks_rms_norm)},
+		{"fused_add_rms_norm", unsafe.Pointer(t.fused_add_rms_norm), unsafe.Pointer(C.ks_fused_add_rms_norm)},
+		{"layer_norm", unsafe.Pointer(t.layer_norm), unsafe.Pointer(C.ks_layer_norm)},
+		{"silu_and_mul", unsafe.Pointer(t.silu_and_mul), unsafe.Pointer(C.ks_silu_and_mul)},
+		{"gelu_and_mul", unsafe.Pointer(t.gelu_and_mul), unsafe.Pointer(C.ks_gelu_and_mul)},
+		{"swiglu", unsafe.Pointer(t.swiglu), unsafe.Pointer(C.ks_swiglu)},
+		{"gelu", unsafe.Pointer(t.gelu), unsafe.Pointer(C.ks_gelu)},
+		{"swiglu_oai", unsafe.Pointer(t.swiglu_oai), unsafe.Pointer(C.ks_swiglu_oai)},
+		{"softmax", unsafe.Pointer(t.softmax), unsafe.Pointer(C.ks_softmax)},
+		{"log_softmax", unsafe.Pointer(t.log_softmax), unsafe.Pointer(C.ks_log_softmax)},
+		{"cross_entropy", unsafe.Pointer(t.cross_entropy), unsafe.Pointer(C.ks_cross_entropy)},
+		{"embedding", unsafe.Pointer(t.embedding), unsafe.Pointer(C.ks_embedding)},
+		{"rotary_embedding", unsafe.Pointer(t.rotary_embedding), unsafe.Pointer(C.ks_rotary_embedding)},
+		{"mrope", unsafe.Pointer(t.mrope), unsafe.Pointer(C.ks_mrope)},
+		{"qk_norm_rope", unsafe.Pointer(t.qk_norm_rope), unsafe.Pointer(C.ks_qk_norm_rope)},
+		{"reshape_and_cache", unsafe.Pointer(t.reshape_and_cache), unsafe.Pointer(C.ks_reshape_and_cache)},
+		{"copy_blocks", unsafe.Pointer(t.copy_blocks), unsafe.Pointer(C.ks_copy_blocks)},
+		{"paged_attention_workspace_size", unsafe.Pointer(t.paged_attention_workspace_size),
+			unsafe.Pointer(C.ks_paged_attention_workspace_size)},
+		{"paged_attention", unsafe.Pointer(t.paged_attention), unsafe.Pointer(C.ks_paged_attention)},
+		{"merge_attn_states", unsafe.Pointer(t.merge_attn_states), unsafe.Pointer(C.ks_merge_attn_states)},
+		{"flash_attention", unsafe.Pointer(t.flash_attention), unsafe.Pointer(C.ks_flash_attention)},
+		{"flash_attention_varlen", unsafe.Pointer(t.flash_attention_varlen),
+			unsafe.Pointer(C.ks_flash_attention_varlen)},
+	}
+	for _, p := range pairs {
+		if p.got == nil || p.got != p.want {
+			return fmt.Errorf("ks_api_t.%s is %p, the linked ks_%s is %p", p.name, p.got, p.name, p.want)
+		}
+	}
+	return nil
+}
+
+// GetAPI calls ks_get_api(major, minMinor) and returns the table's size and version.
+func GetAPI(major, minMinor int32) (size uintptr, abiMajor, abiMinor int32, err error) {
+	var t *C.ks_api_t
+	if err := check(C.ks_get_api(C.int32_t(major), C.int32_t(minMinor), &t)); err != nil {
+		return 0, 0, 0, err
+	}
+	return uintptr(t.size), int32(t.abi_major), int32(t.abi_minor), nil
+}
+
+// QuerySupport says whether op can run on these tensors (only metadata is read) and options,
+// without running it. tensors in the op's signature order, nil where an optional one is absent.
+func QuerySupport(op Op, tensors []*Tensor, options Options) error {
+	ptrs := make([]*C.DLTensor, len(tensors)+1) // C pointers in Go memory: allowed by cgo
+	for i, t := range tensors {
+		ptrs[i] = dl(t)
+	}
+	var o unsafe.Pointer
+	if options != nil {
+		o = options.cOptions()
+	}
+	s := C.ks_query_support(C.ks_op_t(op), (**C.DLTensor)(unsafe.Pointer(&ptrs[0])), C.int32_t(len(tensors)), o)
+	runtime.KeepAlive(tensors)
+	return check(s)
+}
+
+func dl(t *Tensor) *C.DLTensor {
+	if t == nil {
+		return nil
+	}
+	return t.dl
+}
+
+func stream(s Stream) C.ks_stream_t { return C.ks_stream_t(s) }
