@@ -22,7 +22,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -37,40 +36,14 @@ from kernelset.ops.softmax import reference as softmax_ref
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEADER = os.path.join(ROOT, "capi", "include", "kernelset.h")
 LIBDIR = os.path.dirname(capi.library_path())
-SOURCES = [os.path.join(ROOT, "capi", d) for d in ("src", "aot", "include")]
 
 if not shutil.which("gcc"):
     pytest.skip("no gcc to build the C library", allow_module_level=True)
 
 
-def _newest_source() -> float:
-    newest = 0.0
-    for base in SOURCES:
-        for dirpath, _, files in os.walk(base):
-            for f in files:
-                if f.endswith((".c", ".h", ".py")):
-                    newest = max(newest, os.path.getmtime(os.path.join(dirpath, f)))
-    return newest
-
-
-_BUILD: dict = {}
-
-
 @pytest.fixture(scope="session", autouse=True)
-def built():
-    """Builds once per session when the library is missing or older than a source; a failed build
-    fails every test with its log (without building again)."""
-    if "error" not in _BUILD and "done" not in _BUILD:
-        path = capi.library_path()
-        if not os.path.exists(path) or os.path.getmtime(path) < _newest_source():
-            env = dict(os.environ, PYTHON=sys.executable)
-            proc = subprocess.run([os.path.join(ROOT, "scripts", "build_capi.sh")], cwd=ROOT, env=env,
-                                  capture_output=True, text=True, timeout=900)
-            if proc.returncode:
-                _BUILD["error"] = "scripts/build_capi.sh failed:\n" + proc.stdout[-3000:] + proc.stderr[-5000:]
-        _BUILD["done"] = True
-    if "error" in _BUILD:
-        pytest.fail(_BUILD["error"], pytrace=False)
+def built(capi_library):
+    """The library, built when missing or stale (tests/conftest.py)."""
     capi.load()
 
 

@@ -27,7 +27,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CAPI = ROOT / "capi"
 LIB = ROOT / "src" / "kernelset" / "capi" / "lib" / "libkernelset.so"
-SOURCES = [CAPI / d for d in ("src", "aot", "include")]
 RUST, GO, NODE = CAPI / "bindings" / "rust", CAPI / "bindings" / "go", CAPI / "bindings" / "node"
 GOLDEN = CAPI / "golden" / "golden.json"
 REQUIRE = os.environ.get("KS_REQUIRE_BINDINGS") == "1"
@@ -60,19 +59,11 @@ def _run(cmd: list[str], cwd: Path, timeout: int, env: dict | None = None) -> su
     return subprocess.run(cmd, cwd=cwd, env=e, capture_output=True, text=True, timeout=timeout)
 
 
-def _newest_source() -> float:
-    return max((p.stat().st_mtime for base in SOURCES for p in base.rglob("*") if p.suffix in (".c", ".h", ".py")),
-               default=0.0)
-
-
 @pytest.fixture(scope="module")
-def library() -> Path:
-    """libkernelset.so, built by scripts/build_capi.sh when missing or older than its sources."""
+def library(capi_library) -> Path:
+    """libkernelset.so, built when missing or older than its sources (tests/conftest.py)."""
     _tool("gcc")
-    if not LIB.exists() or LIB.stat().st_mtime < _newest_source():
-        proc = _run([str(ROOT / "scripts" / "build_capi.sh")], ROOT, 900, {"PYTHON": sys.executable})
-        if proc.returncode:
-            pytest.fail("scripts/build_capi.sh failed:\n" + proc.stdout[-3000:] + proc.stderr[-5000:], pytrace=False)
+    assert Path(capi_library) == LIB
     return LIB
 
 
