@@ -65,7 +65,7 @@ def ce_fwd(logits, target, ignore_index, smoothing, z_loss, softcap, reduction, 
     scale = _scale_tensor(target, ignore_index, reduction, need_grad)
     if m:
         t = active()
-        p = ce_fwd_policy(m, v, sm_count(logits.device), need_grad, t)
+        p = ce_fwd_policy(m, v, sm_count(logits.device) if need_grad else 0, need_grad, t)  # sms: grad only
         _fwd((p.grid,), logits, target, loss, lse, dx, scale, m, v, row_stride(logits), v, ignore_index, smoothing,
              z_loss, softcap or 0.0, SOFTCAP=bool(softcap), SMOOTH=smoothing > 0.0, HAS_GRAD=need_grad,
              BLOCK=p.block, STREAM_STORE=t.stream_store, num_warps=p.num_warps)
