@@ -2,10 +2,12 @@
 # Builds libkernelset.so, the C ABI (capi/include/kernelset.h), into src/kernelset/capi/lib/ where
 # ks.capi.library_path() finds it. Works on a machine without a GPU.
 #
-#   scripts/build_capi.sh [--set test|full|none] [--jobs N]
+#   scripts/build_capi.sh [--set test|release|full|none] [--models a,b] [--jobs N]
 #
 # 1. capi/aot/generate.py compiles the package's Triton kernels ahead of time into capi/generated/
-#    (set `test` by default: what the tests and the GPU smoke program run). When Triton's NVIDIA
+#    (set `test` by default: what the tests and the GPU smoke program run; `release`: plus the
+#    shapes of every known model, or of the presets named by --models, on every known GPU; see
+#    capi/aot/README.md for sizes). When Triton's NVIDIA
 #    backend or ptxas is unusable here, the build says so and uses `--set none` (empty kernel
 #    tables: CUDA tensors get KS_ERR_NOT_IMPLEMENTED, the CPU path is complete). A generator that
 #    fails for any other reason fails the build.
@@ -19,15 +21,17 @@ cd "$(dirname "$0")/.."
 
 SET=test
 JOBS=""
+MODELS=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --set) SET="$2"; shift 2 ;;
     --jobs) JOBS="--jobs $2"; shift 2 ;;
+    --models) MODELS="--models $2"; shift 2 ;;
     -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "build_capi.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-case "$SET" in test|full|none) ;; *) echo "build_capi.sh: --set must be test, full or none" >&2; exit 2 ;; esac
+case "$SET" in test|release|full|none) ;; *) echo "build_capi.sh: --set must be test, release, full or none" >&2; exit 2 ;; esac
 
 PY="${PYTHON:-python3}"
 CC="${CC:-gcc}"
@@ -59,7 +63,7 @@ EOF
   fi
 fi
 # shellcheck disable=SC2086
-"$PY" capi/aot/generate.py --set "$SET" --out "$GEN" $JOBS
+"$PY" capi/aot/generate.py --set "$SET" --out "$GEN" $JOBS $MODELS
 
 VERSION="$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml | head -n 1)"
 shopt -s nullglob

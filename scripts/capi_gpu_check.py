@@ -153,6 +153,7 @@ def make_run(op: str, c: dict, device) -> Run:
     if op == "norm_fwd":
         m, n, dt = c["m"], c["n"], c["x"]
         x, w = randn(m, n, dtype=dt), randn(n, dtype=dt)
+        nk = dict(eps=c["eps"], offset=c.get("offset", 0.0), cast="gemma" if c.get("gemma") else "llama")
         if c["res"]:
             r0 = randn(m, n, dtype=dt)
             r = r0.clone()
@@ -160,14 +161,14 @@ def make_run(op: str, c: dict, device) -> Run:
             def reset():
                 r.copy_(r0)
             return Run(cid, "ks_fused_add_rms_norm",
-                       lambda: tuple(ks.fused_add_rms_norm(x, r0, w, eps=c["eps"], backend="triton")),
-                       lambda: capi.fused_add_rms_norm(x, r, w, eps=c["eps"]), reset, _nbytes(x, x, x, x, w))
+                       lambda: tuple(ks.fused_add_rms_norm(x, r0, w, **nk, backend="triton")),
+                       lambda: capi.fused_add_rms_norm(x, r, w, **nk), reset, _nbytes(x, x, x, x, w))
         if not c["rms"]:
             b = randn(n, dtype=dt)
             return Run(cid, "ks_layer_norm", lambda: (ks.layer_norm(x, w, b, eps=c["eps"], backend="triton"),),
                        lambda: (capi.layer_norm(x, w, b, eps=c["eps"]),), None, _nbytes(x, x, w, b))
-        return Run(cid, "ks_rms_norm", lambda: (ks.rms_norm(x, w, eps=c["eps"], backend="triton"),),
-                   lambda: (capi.rms_norm(x, w, eps=c["eps"]),), None, _nbytes(x, x, w))
+        return Run(cid, "ks_rms_norm", lambda: (ks.rms_norm(x, w, **nk, backend="triton"),),
+                   lambda: (capi.rms_norm(x, w, **nk),), None, _nbytes(x, x, w))
     if op == "act_fwd":
         m, i, dt, kind = c["m"], c["i"], c["dtype"], c["op"]
         if kind == "swiglu":
@@ -196,6 +197,25 @@ def make_run(op: str, c: dict, device) -> Run:
                        lambda: (capi.log_softmax(x, temperature=t),), None, 2 * _nbytes(x))
         return Run(cid, "ks_softmax", lambda: (ks.softmax(x, temperature=t, backend="triton"),),
                    lambda: (capi.softmax(x, temperature=t),), None, 2 * _nbytes(x))
+    if op == "rope_fwd":
+        t, hq, hk, d, rot = c["t"], c["hq"], c["hk"], c["d"], c["rot"]
+        q0 = randn(t, hq, d, dtype=c["dtype"])
+        k0 = randn(t, hk, d, dtype=c["dtype"]) if hk else None
+        cache = randn(c["max_pos"], rot, dtype=c["cache"])
+        pos = rnd.randint(c["max_pos"], (t,), c["pos"])
+        qs = [q0.clone(), q0.clone()]
+        kk = [k0.clone(), k0.clone()] if hk else [None, None]
+
+        def reset():
+            for q_, k_ in zip(qs, kk):
+                q_.copy_(q0)
+                if k_ is not None:
+                    k_.copy_(k0)
+        rk = dict(interleaved=c["interleaved"], rotary_dim=rot)
+        return Run(cid, "ks_rotary_embedding",
+                   lambda: tuple(ks.rotary_embedding(pos, qs[0], kk[0], cache, **rk, backend="triton")),
+                   lambda: (capi.rotary_embedding(pos, qs[1], kk[1], cache, **rk), qs[1], kk[1])[1:], reset,
+                   2 * _nbytes(q0, k0))
     if op == "rope_ext":
         t, hq, hk, d, rot = c["t"], c["hq"], c["hk"], c["d"], c["rot"]
         q0, k0 = randn(t, hq, d, dtype=c["dtype"]), randn(t, hk, d, dtype=c["dtype"])
@@ -272,7 +292,11 @@ def make_run(op: str, c: dict, device) -> Run:
                    lambda: tuple(capi.merge_attn_states(oa, la, ob, lb, return_lse=True)), None, 3 * _nbytes(oa))
     if op == "flash_fwd":
         hq, hkv, d, dv = c["hq"], c["hkv"], c["d"], c["dv"]
-        kw_ = dict(causal=c["causal"], softcap=c["softcap"], return_lse=True)
+        wl, wr = c.get("window", (-1, -1))
+        sinks = randn(hq, dtype="fp32") if c.get("sinks") else None
+        kw_ = dict(causal=c["causal"], softcap=c["softcap"], return_lse=True, sinks=sinks)
+        pw = dict(window=(wl, wr))
+        cw = dict(window_left=wl, window_right=wr)
         if c["varlen"]:
             tq, tk = sum(c["qlens"]), sum(c["klens"])
             q, k, v = randn(tq, hq, d), randn(tk, hkv, d), randn(tk, hkv, dv)
@@ -281,13 +305,14 @@ def make_run(op: str, c: dict, device) -> Run:
             mq, mk = max(c["qlens"]), max(c["klens"])
             return Run(cid, "ks_flash_attention_varlen",
                        lambda: tuple(ks.flash_attention_varlen(q, k, v, cuq, cuk, mq, mk, check_bounds=False, **kw_,
-                                                               backend="triton")),
-                       lambda: tuple(capi.flash_attention_varlen(q, k, v, cuq, cuk, mq, mk, **kw_)), None,
+                                                               **pw, backend="triton")),
+                       lambda: tuple(capi.flash_attention_varlen(q, k, v, cuq, cuk, mq, mk, **kw_, **cw)), None,
                        2 * _nbytes(q) + _nbytes(k, v))
         b, sq, sk = c["b"], c["sq"], c["sk"]
         q, k, v = randn(b, sq, hq, d), randn(b, sk, hkv, d), randn(b, sk, hkv, dv)
-        return Run(cid, "ks_flash_attention", lambda: tuple(ks.flash_attention(q, k, v, **kw_, backend="triton")),
-                   lambda: tuple(capi.flash_attention(q, k, v, **kw_)), None, 2 * _nbytes(q) + _nbytes(k, v))
+        return Run(cid, "ks_flash_attention",
+                   lambda: tuple(ks.flash_attention(q, k, v, **kw_, **pw, backend="triton")),
+                   lambda: tuple(capi.flash_attention(q, k, v, **kw_, **cw)), None, 2 * _nbytes(q) + _nbytes(k, v))
     raise KeyError(f"no GPU runner for the generator's op {op!r}")
 
 
@@ -301,7 +326,14 @@ def _paged_run(c: dict, device, rnd: _Rand) -> Run:
     kc, vc = rnd.randn(nb, bs, hkv, d, dtype=c["cache"]), rnd.randn(nb, bs, hkv, d, dtype=c["cache"])
     table = rnd.randperm(nb)[:b * width].reshape(b, width).to(torch.int32).contiguous()
     lens = torch.full((b,), cap, device=device, dtype=torch.int32)  # every sequence at full context
-    kw_ = dict(check_bounds=False, return_lse=True, backend="triton")
+    wl, wr = c.get("window", (-1, -1))
+    sinks = rnd.randn(hq, dtype="fp32") if c.get("sinks") else None
+    fp8 = c["cache"] == "fp8e4nv"
+    ks_, vs_ = ((torch.full((), 0.05, device=device), torch.full((), 0.07, device=device)) if fp8 else (None, None))
+    kw_ = dict(check_bounds=False, return_lse=True, backend="triton", window=(wl, wr), softcap=c.get("softcap", 0.0),
+               sinks=sinks, k_scale=ks_, v_scale=vs_)
+    opts = dict(window_left=wl, window_right=wr, softcap=c.get("softcap", 0.0), sinks=sinks, k_scale=ks_,
+                v_scale=vs_)
     if c["varlen"]:
         t = sum(c["qlens"])
         cu = torch.tensor([0, *torch.tensor(c["qlens"]).cumsum(0).tolist()], device=device, dtype=torch.int32)
@@ -315,9 +347,10 @@ def _paged_run(c: dict, device, rnd: _Rand) -> Run:
     if c["ws"]:
         ws = torch.empty(capi.paged_attention_workspace_size(q, kc, cap), device=device, dtype=torch.uint8)
     kv_bytes = 2 * b * cap * hkv * d * kc.element_size()
-    return Run(c["gpu"], "ks_paged_attention", lambda: tuple(ks.paged_attention(q, kc, vc, table, lens, **kw_)),
+    return Run(c.get("gpu", "?"), "ks_paged_attention",
+               lambda: tuple(ks.paged_attention(q, kc, vc, table, lens, **kw_)),
                lambda: tuple(capi.paged_attention(q, kc, vc, table, lens, max_seq_len=cap, workspace=ws,
-                                                  return_lse=True, **cargs)),
+                                                  return_lse=True, **cargs, **opts)),
                None, kv_bytes + 2 * _nbytes(q))
 
 

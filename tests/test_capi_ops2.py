@@ -1148,7 +1148,7 @@ def test_cuda_dispatch_matches_the_python_launcher(spy, case):
     plans = _spy_plans(so)
     launches = _python_launches(py, c, modules)
     if internal.get("~PLSE") == ("ws", -1):
-        splits = [dict((p[0], p[3]) for p in ln["params"])["SPLITS"] for ln in launches
+        splits = [dict((p[0], p[3]) for p in ln["params"])["num_splits"] for ln in launches
                   if ln["kernel"] == "_paged_attn_fwd_kernel"][0]
         t, hq, d = c.host["q"].shape
         internal["~PLSE"] = ("ws", -(-(t * hq * splits * d * 4) // 256) * 256)

@@ -473,7 +473,7 @@ def fwd_sig(dt, kv, varlen, sinks, fp8, splits):
                 qk_mul="fp32", cap_mul="fp32", window_left="i32", window_right="i32", num_kv_heads="i32",
                 num_tiles="i32", partition="i32", num_blocks="i32", max_table="i32", max_keys="i32",
                 stride_qt="i32", stride_qh="i32", stride_kb="i32", stride_ks="i32", stride_kh="i32", stride_vb="i32",
-                stride_vs="i32", stride_vh="i32", stride_bt="i32", Hq="i32")
+                stride_vs="i32", stride_vh="i32", stride_bt="i32", Hq="i32", num_splits="i32")
 # (name, arch, head dim, group, kv dtype, varlen, sinks/softcap/window, splits)
 for name, arch, d, g, kv, varlen, extra, splits in (
         ("decode-d128-sm90", 90, 128, 4, "bf16", False, False, 1),
@@ -486,13 +486,13 @@ for name, arch, d, g, kv, varlen, extra, splits in (
         ("decode-d256-sm80", 80, 256, 8, "bf16", False, False, 1),
         ("varlen-d128-sm80", 80, 128, 4, "bf16", True, True, 2)):
     p = paged_policy(1, 8, g, d, 16 if varlen else 1, 32768, 132)
-    consts = dict(G=g, D=d, BS=16, BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_D=p.block_d, SPLITS=splits,
+    consts = dict(G=g, D=d, BS=16, BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_D=p.block_d, SPLIT=splits > 1,
                   VARLEN=varlen, MASK_RIGHT=varlen, MASK_LEFT=extra, SOFTCAP=extra, HAS_SINKS=extra,
                   FP8=kv.startswith("fp8"), F32=False)
     out.append(run(K._paged_attn_fwd_kernel, fwd_sig("bf16", kv, varlen, extra, kv.startswith("fp8"), splits), consts,
                    p.num_warps, arch, name, p.num_stages))
-rsig = dict(PO="*fp32", PLSE="*fp32", SINKS="*fp32", O="*bf16", LSE="*fp32", Hq="i32")
-out.append(run(K._paged_attn_reduce_kernel, rsig, dict(D=128, SPLITS=64, BLOCK_S=64, BLOCK_D=128, HAS_SINKS=True), 4,
+rsig = dict(PO="*fp32", PLSE="*fp32", SINKS="*fp32", O="*bf16", LSE="*fp32", Hq="i32", num_splits="i32")
+out.append(run(K._paged_attn_reduce_kernel, rsig, dict(D=128, BLOCK_S=64, BLOCK_D=128, HAS_SINKS=True), 4,
                90, "reduce-64-splits"))
 msig = dict(OA="*bf16", LA="*fp32", OB="*bf16", LB="*fp32", O="*bf16", LSE="*fp32", R="i32", H="i32",
             stride_oat="i32", stride_oah="i32", stride_obt="i32", stride_obh="i32", stride_lat="i32",

@@ -75,7 +75,7 @@ def input_hash(args) -> str:
         h.update(get_ptxas(90).version.encode() if hasattr(get_ptxas(90), "version") else b"")
     except Exception as exc:  # no NVIDIA backend: only --set none can run; hash what we know
         h.update(f"triton unusable: {type(exc).__name__}".encode())
-    h.update(json.dumps([args.set, args.archs, args.ptx]).encode())
+    h.update(json.dumps([args.set, args.archs, args.ptx, args.models]).encode())
     return h.hexdigest()
 
 
@@ -334,8 +334,7 @@ def compile_task(task: dict) -> dict:
     opts = {"num_warps": task["num_warps"]}
     if task["num_stages"] >= 0:
         opts["num_stages"] = task["num_stages"]
-    if not task["fp_fusion"]:
-        opts["enable_fp_fusion"] = False
+    opts["enable_fp_fusion"] = bool(task["fp_fusion"])  # explicit, as FastKernel passes it
     out = dict(arch=task["arch"], variant=task["variant"], error=None)
     try:
         k = triton.compile(ASTSource(fn, signature=sig, constexprs=consts, attrs=attrs),
@@ -585,9 +584,13 @@ def _write(path: str, text: str) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "capi", "generated"))
-    ap.add_argument("--set", default="test", choices=("test", "full", "none"),
-                    help="variants to compile: what the tests, the GPU check and the smoke program run (default), "
-                         "a release build's (every policy bucket: large), or none")
+    ap.add_argument("--set", default="test", choices=("test", "release", "full", "none"),
+                    help="variants to compile: what the tests, the GPU check and the smoke program run (default); "
+                         "release: the test set plus every shape of the known models (ops/models.py) on every known "
+                         "GPU; full: every policy bucket (about 10k variants, impractical); none")
+    ap.add_argument("--models", default="",
+                    help="release set only: comma-separated preset names (kernelset.hf.presets) to build for, "
+                         "instead of every preset")
     ap.add_argument("--archs", default="80,89,90", help="cubin architectures (sm_XY as XY)")
     ap.add_argument("--ptx", default="89,90",
                     help="PTX architectures: each variant embeds the PTX of the newest one that compiles to plain "
@@ -604,6 +607,9 @@ def main(argv=None) -> int:
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         os.execve(sys.executable, [sys.executable, os.path.abspath(__file__)] + (argv or sys.argv[1:]), env)
     _setup_path()
+    if args.models:
+        from ops import models as models_mod
+        models_mod.select(args.models.split(","))
     if args.dump_cases:
         import ops as ops_mod
         dump = []
@@ -646,15 +652,15 @@ def main(argv=None) -> int:
     recorded_all, chosen = [], []
     t0 = time.time()
     for op in ops_mod.OPS:
-        for which in ("test", "full", "sweep"):
+        for which in ("test", "full", "sweep") + (("release",) if args.set == "release" else ()):
             for case in op.cases(which):
                 lns = record_op(op, case)
                 for ln in lns:
                     if (ln["module"], ln["kernel"]) not in kernel_index:
                         raise RuntimeError(f"{op.launcher} launched {ln['kernel']}, not listed in ops.{op.name}.kernels")
                 recorded_all += lns
-                if which == args.set:
-                    chosen += [(ln, case, op) for ln in lns]
+                if which == args.set or (args.set == "release" and which == "test"):
+                    chosen += [(ln, case, op, which) for ln in lns]
     roles = kernel_roles(recorded_all)
     for k in kernels:
         if (k.module, k.name) not in roles:
@@ -665,13 +671,17 @@ def main(argv=None) -> int:
     t_record = time.time() - t0
 
     variants: dict[tuple, Variant] = {}
-    for ln, case, op in chosen:
+    for ln, case, op, which in chosen:
         ki = kernel_index[(ln["module"], ln["kernel"])]
         kroles = roles[(ln["module"], ln["kernel"])]
         # test set: each case's exact (JIT) specialization, or with "generic" the fallback its
         # alignment selects; full set: the exact one, and both fallbacks (any alignment)
         fallback = launch_aligned(ln, kernels[ki], case)
-        if args.set == "full":
+        if which == "release":
+            # a model shape: the fallback its alignment allows (aligned model dimensions: align16),
+            # which serves the same shapes at any batch, context and pointer (16-byte aligned)
+            modes = [(fallback, ())]
+        elif args.set == "full":
             modes = [(MODE_EXACT, launch_spec(ln, kroles, case)), (MODE_ALIGNED, ())]
             modes += [(MODE_UNALIGNED, ())] if op.both_aligns or fallback == MODE_UNALIGNED else []
         elif case.get("generic"):
@@ -741,6 +751,10 @@ def main(argv=None) -> int:
         # sm_90 code is wgmma): what GPUs newer than every cubin JIT-compile
         if v.ptx:
             v.images.append(max(v.ptx, key=lambda im: im["arch"]))
+        if args.set == "release" and any(im["kind"] == 0 and im["arch"] == 80 for im in v.images):
+            # the release set keeps an sm_89 cubin only where there is no sm_80 one (fp8): Ada runs
+            # the sm_80 cubin (same major), and the duplicate was a fifth of the library's bytes
+            v.images = [im for im in v.images if not (im["kind"] == 0 and im["arch"] == 89)]
         if not v.images:
             failures.append(f"{kernels[v.kernel].name} {v.spec(None)}: " + "; ".join(v.notes))
         v.images.sort(key=lambda im: (im["kind"], im["arch"]))

@@ -31,6 +31,10 @@ def _act_cases(which: str) -> list[dict]:
         # block_n follows pow2(i) up to 2048, block_m pow2(m) up to 4096 // block_n
         return [dict(op=op, m=m, i=i, dtype=dt) for op in KINDS for dt in ("fp32", "fp16", "bf16")
                 for i in pow2s(1, 2048) for m in pow2s(1, max(1, 4096 // i))]
+    if which == "release":  # ops/models.py: every MLP width of the known models, decode to prefill
+        from . import models as mm
+        shapes = sorted({(op, i) for f in mm.models() for op in mm.act_kinds(f) for i in mm.mlp_widths(f)})
+        return [dict(op=op, m=m, i=i, dtype=dt) for op, i in shapes for dt in mm.DTYPES for m in mm.TOKENS]
     ms = (0, 1, 2, 3, 5, 8, 9, 17, 100, 4097, 70000)
     iis = (0, 1, 2, 3, 7, 16, 100, 1000, 1024, 1025, 2048, 2049, 11008, 14336, 28672)
     out = [dict(base, m=m, i=i, dtype="bf16") for m in ms for i in iis]

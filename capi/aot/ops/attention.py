@@ -3,6 +3,7 @@ merge_attn_states, and flash_attention / flash_attention_varlen forward."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 
 from record import meta
@@ -19,6 +20,25 @@ KERNELS = "kernelset.ops.attention.kernels"
 LLAMA = dict(b=3, hq=32, hkv=8, d=128, bs=16, nb=256, width=64, ctx=None, dtype="bf16", cache="bf16", varlen=False,
              max_q=1, qlens=None, causal=True, window=(-1, -1), softcap=0.0, sinks=False, ws=True, lse=True,
              max_seq_len=None, sms=132)
+
+
+_RELEASE_DECODE = ((1, 512), (1, 8192), (1, 131072), (4, 4096), (8, 32768), (16, 1024), (64, 4096), (256, 2048))
+
+
+def _model_attention() -> list[tuple]:
+    """(Hq, Hkv, D, windows, softcap, sinks) of the known models (ops/models.py): a model with
+    sliding-window layers also runs full-attention ones unless every layer slides."""
+    from . import models as mm
+    out = set()
+    for f in mm.models():
+        heads = mm.attention_heads(f)
+        if heads is None:
+            continue
+        windows = [(-1, -1)] if f.sliding_layers < f.layers or not f.sliding_window else []
+        if f.sliding_window:
+            windows.append((f.sliding_window - 1, 0))
+        out.add((*heads, tuple(windows), float(f.attn_softcap or 0.0), f.sinks))
+    return sorted(out)
 
 
 def _paged_cases(which: str) -> list[dict]:
@@ -40,6 +60,23 @@ def _paged_cases(which: str) -> list[dict]:
             for dtype, cache in (("bf16", "bf16"), ("fp16", "fp16"), ("bf16", "fp8e4nv")):
                 for ws in (False, True):
                     out.append(dict(LLAMA, b=1, hq=hq, hkv=hkv, d=d, dtype=dtype, cache=cache, ws=ws))
+        return out
+    if which == "release":  # ops/models.py: each known model's attention on every known GPU
+        from . import models as mm
+        out = []
+        for hq, hkv, d, windows, cap, sinks in _model_attention():
+            for dt, cache, ws, bs, window in itertools.product(mm.DTYPES, ("same", "fp8e4nv"), (True, False),
+                                                               mm.BLOCK_SIZES, windows):
+                base = dict(LLAMA, hq=hq, hkv=hkv, d=d, dtype=dt, cache=dt if cache == "same" else cache, ws=ws,
+                            bs=bs, window=window, softcap=cap, sinks=sinks, lse=ws)
+                # decode: batches and contexts that span the split counts (the reduce kernel's buckets)
+                for (b, ctx), sms in itertools.product(_RELEASE_DECODE, mm.sm_counts() if ws else (132,)):
+                    width = -(-ctx // bs)
+                    out.append(dict(base, b=b, width=width, nb=b * width, sms=sms))
+                # chunked prefill / speculative verify: several query tokens per sequence over the cache
+                for q in (2, 4, 8, 16, 64, 512):
+                    out.append(dict(base, varlen=True, b=2, max_q=q, qlens=(q, 1), width=-(-4096 // bs),
+                                    nb=2 * -(-4096 // bs)))
         return out
     out = []
     for b, width, ctx, sms in ((1, 1, None, 132), (2, 8, None, 4), (5, 64, 1000, 132), (64, 256, None, 132),
@@ -111,7 +148,7 @@ def _paged_c_args(c: dict) -> list:
 def _paged_placed(c: dict, launches: list) -> dict:
     t, _ = _paged_geom(c)
     out = {} if c["lse"] else {"LSE": ("scratch", 0)}
-    splits = [dict((p[0], p[3]) for p in ln["params"])["SPLITS"] for ln in launches
+    splits = [dict((p[0], p[3]) for p in ln["params"])["num_splits"] for ln in launches
               if ln["kernel"] == "_paged_attn_fwd_kernel"]
     if splits and splits[0] > 1:
         out["~PO"] = ("WS", 0)
@@ -203,14 +240,14 @@ PAGED_ATTENTION = Op(
       SINKS, KS_DT_F32, fp8 ? KSCALE : NULL, KS_DT_F32, fp8 ? VSCALE : NULL, KS_DT_F32, OUT, q_dtype, lse, KS_DT_F32,
       po, KS_DT_F32, plse, KS_DT_F32, qk_mul, cap_mul, left, right, Hkv, p.tiles, p.partition, num_blocks, max_table,
       max_keys, stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt, Hq,
-      G, D, block_size, p.block_m, p.block_n, p.block_d, p.splits, varlen, mask_right, mask_left, softcap > 0,
+      p.splits, G, D, block_size, p.block_m, p.block_n, p.block_d, p.splits > 1, varlen, mask_right, mask_left, softcap > 0,
       SINKS != NULL, fp8, q_dtype == KS_DT_F32);
   if (s != KS_OK || p.splits == 1) return s;
   ks_pol_paged_reduce_t r;
   if (ks_pol_paged_reduce(p.splits, p.block_d, &r)) return ks_gen_policy_failed(err, errlen, "paged_reduce_policy");
   return ks_k_paged_attn_reduce_kernel(plan, err, errlen, T * Hq, 1, 1, r.num_warps, -1, 1,
       po, KS_DT_F32, plse, KS_DT_F32, SINKS, KS_DT_F32, OUT, q_dtype, lse, KS_DT_F32,
-      D, p.splits, r.block_s, p.block_d, SINKS != NULL, Hq);
+      p.splits, D, r.block_s, p.block_d, SINKS != NULL, Hq);
 """,
     cases=_paged_cases,
     python=_paged_python,
@@ -233,6 +270,11 @@ def _merge_cases(which: str) -> list[dict]:
                 dict(base, t=16384, gpu="merge_attn_states")]  # GPU checks: 3 x 128 MB
     if which == "full":
         return [dict(base, t=1, d=d, a=a, b=a) for d in (64, 80, 96, 128, 192, 256) for a in ("fp32", "fp16", "bf16")]
+    if which == "release":  # ops/models.py: each known model's (heads, head dim)
+        from . import models as mm
+        shapes = sorted({(hq, d) for hq, _, d, _, _, _ in _model_attention()})
+        return [dict(base, t=t, h=h, d=d, a=dt, b=dt, lse=lse) for h, d in shapes for dt in mm.DTYPES
+                for lse in (True, False) for t in mm.TOKENS]
     return ([dict(base, t=t, h=h, d=d, lse=t % 2 == 0) for t in (0, 1, 7, 1000) for h in (1, 3, 32)
              for d in (0, 1, 64, 80, 128, 256)]
             + [dict(base, a_strides=(3 * 32 * 128, 128)), dict(base, misalign=["OB"]), dict(base, b="fp16")])
@@ -311,6 +353,16 @@ def _flash_cases(which: str) -> list[dict]:
                      klens=(1,) if v else None, causal=causal, cc=cc)
                 for d, hq, hkv in ((64, 8, 8), (128, 32, 8), (128, 32, 4), (128, 64, 8), (256, 16, 8))
                 for dt in ("fp16", "bf16") for v in (False, True) for causal in (False, True) for cc in (80, 90)]
+    if which == "release":  # ops/models.py: each known model's prefill on every known arch
+        from . import models as mm
+        out = []
+        for hq, hkv, d, windows, cap, sinks in _model_attention():
+            for dt, window, v, lse, cc, s in itertools.product(mm.DTYPES, windows, (False, True), (True, False),
+                                                             mm.archs(), (1, 100, 4096)):
+                out.append(dict(DENSE, b=1, sq=s, sk=s, hq=hq, hkv=hkv, d=d, dv=d, dtype=dt, varlen=v,
+                                qlens=(s,) if v else None, klens=(s,) if v else None, window=window, softcap=cap,
+                                sinks=sinks, lse=lse, cc=cc))
+        return out
     out = []
     for sq, sk in ((1, 1), (1, 300), (100, 100), (129, 1000), (4096, 4096)):
         for hq, hkv, d, dv in ((32, 8, 128, 128), (8, 8, 64, 64), (16, 2, 256, 256), (4, 1, 80, 80), (8, 8, 192, 128)):

@@ -15,6 +15,10 @@ def _emb_cases(which: str) -> list[dict]:
     if which == "full":
         return [dict(base, m=m, d=d, ids=i, w=w) for i in ("i32", "i64") for w in ("fp32", "fp16", "bf16")
                 for d in pow2s(1, 1024) for m in pow2s(1, max(1, 2048 // d))]
+    if which == "release":  # ops/models.py: each known (hidden, vocabulary), int32 or int64 ids
+        from . import models as mm
+        return [dict(base, m=m, d=d, v=v, ids=ids, w=dt) for d, v in sorted({(f.hidden, f.vocab) for f in mm.models()})
+                for ids in ("i32", "i64") for dt in mm.DTYPES for m in mm.TOKENS]
     out = [dict(base, m=m, d=d) for m in (0, 1, 2, 3, 7, 64, 1000, 70000) for d in (0, 1, 3, 16, 100, 1024, 1025, 4096,
                                                                                   7168)]
     out += [dict(base, m=5, d=4096, w_stride=8192), dict(base, m=5, d=4096, misalign=["W"])]

@@ -28,6 +28,12 @@ def _cache_cases(which: str) -> list[dict]:
                     out.append(dict(base, t=1, h=h, d=d, bs=bs, kv=kv, slot=slot,
                                     cache=kv if cache == "same" else cache))
         return out
+    if which == "release":  # ops/models.py: each known (KV heads, head dim); 16/32-bit or fp8 cache
+        from . import models as mm
+        shapes = sorted({(f.kv_heads, f.head_dim) for f in mm.models() if not f.mla})
+        return [dict(base, t=t, h=h, d=d, bs=bs, kv=dt, cache=cache or dt, slot=slot)
+                for h, d in shapes for dt in mm.DTYPES for cache in (None, "fp8e4nv") for slot in ("i32", "i64")
+                for bs in mm.BLOCK_SIZES for t in mm.TOKENS]
     out = [dict(base, t=t, h=h, d=d, bs=bs) for t in (0, 1, 7, 300) for h in (1, 3, 8, 32, 64) for d in (64, 128, 256)
            for bs in (16, 32)]
     out += [dict(base, t=6, h=4, d=128, bs=16, k_stride=(12 * 128, 128)),  # key/value views of a fused qkv
@@ -107,6 +113,11 @@ def _copy_cases(which: str) -> list[dict]:
     if which == "full":
         return [dict(base, bs=bs, h=h, d=d, dtype=dt) for bs in (16, 32, 64) for h in (1, 2, 4, 8, 16, 32)
                 for d in (64, 128, 256) for dt in ("fp16", "bf16", "fp8e4nv", "fp32")]
+    if which == "release":  # ops/models.py: each known cache block geometry
+        from . import models as mm
+        shapes = sorted({(f.kv_heads, f.head_dim) for f in mm.models() if not f.mla})
+        return [dict(base, bs=bs, h=h, d=d, dtype=dt) for h, d in shapes for bs in mm.BLOCK_SIZES
+                for dt in mm.DTYPES + ("fp8e4nv",)]
     return [dict(base, n=n, bs=bs, h=h, d=d) for n in (0, 1, 5, 1000) for bs in (1, 16, 32) for h in (1, 3, 8)
             for d in (64, 80, 128)] + [dict(base, misalign=["VC"]), dict(base, k_stride=2 * 16 * 8 * 128)]
 

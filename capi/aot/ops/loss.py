@@ -15,6 +15,12 @@ def _ce_cases(which: str) -> list[dict]:
     if which == "full":
         return [dict(base, m=1, v=v, x=x, t=t, smoothing=s, softcap=c) for v in (1000, 2048, 16384, 32000)
                 for x in ("fp32", "fp16", "bf16") for t in ("i32", "i64") for s in (0.0, 0.1) for c in (0.0, 30.0)]
+    if which == "release":  # ops/models.py: each known vocabulary and final softcap; logits in the model dtype or fp32
+        from . import models as mm
+        shapes = sorted({(f.vocab, float(f.final_softcap or 0.0)) for f in mm.models()})
+        return [dict(base, m=m, v=v, softcap=cap, x=x, t=t, smoothing=s, sms=sms) for v, cap in shapes
+                for x in mm.DTYPES + ("fp32",) for t in ("i32", "i64") for s in (0.0, 0.1)
+                for m in mm.TOKENS for sms in mm.sm_counts()]
     out = [dict(base, m=m, v=v) for m in (0, 1, 5, 3000) for v in (1, 2, 7, 100, 1000, 16384, 16385, 32000, 128256,
                                                                    151936)]
     out += [dict(base, m=4, v=4096, x_stride=5000), dict(base, m=4, v=4096, misalign=["X"]),

@@ -36,6 +36,23 @@ def _norm_cases(which: str) -> list[dict]:
                 continue
             out.append(dict(base, n=n, x=x, w=w, res=res, gemma=gemma))
         return out
+    if which == "release":  # ops/models.py: every norm width of the known models, decode to prefill
+        from . import models as mm
+        widths = set()
+        for f in mm.models():
+            gemma, rms = f.norm_offset == 1.0, f.norm == "rms_norm"
+            widths.add((f.hidden, rms, gemma, True))  # the decoder norms, alone and with the residual add
+            if f.qk_norm == "head":
+                widths.add((f.head_dim, rms, gemma, False))
+            if f.qk_norm == "full":
+                widths |= {(f.heads * f.head_dim, rms, gemma, False), (f.kv_heads * f.head_dim, rms, gemma, False)}
+            if f.mla:  # DeepSeek's latent norms
+                widths |= {(w, rms, gemma, False) for w in (f.mla["q_lora_rank"], f.mla["kv_lora_rank"]) if w}
+        return [dict(base, m=m, n=n, x=dt, res=res, gemma=gemma, offset=float(gemma), rms=rms, bias=not rms,
+                     sms=sms)
+                for n, rms, gemma, fused in sorted(widths) for dt in mm.DTYPES for res in ((False, True) if fused
+                                                                                      else (False,))
+                for m in mm.TOKENS for sms in mm.sm_counts()]
     # sweep: every n to 300, around each power of two, odd sizes; batch sizes; strides; SM counts
     ns = sorted(set(range(1, 300)) | {v + d for v in pow2s(256, 262144) for d in (-1, 0, 1)} | {4097, 5120, 7168})
     out = [dict(base, n=n, x="bf16", m=m) for n in ns for m in (1, 3)]

@@ -27,6 +27,17 @@ def _rope_cases(which: str) -> list[dict]:
                 out.append(dict(base, t=1, hq=h, hk=None, d=d, rot=rot, dtype=dt, cache=dt if cache == "same" else cache,
                                 pos=pos, interleaved=inter))
         return out
+    if which == "release":  # ops/models.py: each known model's heads and rotary dims (MLA: q_pe/k_pe, GPT-J pairs)
+        from . import models as mm
+        shapes = set()
+        for f in mm.models():
+            if f.mla:
+                shapes.add((f.heads, 1, f.rotary_dim, f.rotary_dim, True))
+            else:
+                shapes.add((f.heads, f.kv_heads, f.head_dim, f.rotary_dim, False))
+        return [dict(base, t=t, hq=hq, hk=hk, d=d, rot=rot, interleaved=inter, dtype=dt, cache=cache or dt, pos=pos)
+                for hq, hk, d, rot, inter in sorted(shapes) for dt in mm.DTYPES for cache in (None, "fp32")
+                for pos in ("i32", "i64") for t in mm.TOKENS]
     out = []
     for d, rot in ((64, 64), (128, 128), (128, 64), (96, 96), (256, 128), (80, 40)):
         for hq, hk in ((1, 1), (3, None), (32, 8), (40, 40), (64, 4), (128, 128), (200, 16)):
@@ -121,6 +132,13 @@ def _ext_cases(which: str) -> list[dict]:
                     out.append(dict(QWEN3, t=1, hq=h, hk=None, d=d, rot=rot, dtype=dt, cache=dt, wdt=dt, norm=norm,
                                     cast=cast, sections=sec, pos2d=pos2d, mrope_interleaved=mi))
         return out
+    if which == "release":  # ops/models.py: qk_norm_rope of the models with per-head q/k norms
+        from . import models as mm
+        shapes = sorted({(f.heads, f.kv_heads, f.head_dim, f.rotary_dim, f.norm_offset == 1.0) for f in mm.models()
+                         if f.qk_norm == "head" and not f.mla})
+        return [dict(QWEN3, t=t, hq=hq, hk=hk, d=d, rot=rot, dtype=dt, cache=dt, wdt=dt,
+                     cast="gemma" if gemma else "llama", offset=float(gemma))
+                for hq, hk, d, rot, gemma in shapes for dt in mm.DTYPES for t in mm.TOKENS]
     out = []
     for d, rot in ((64, 64), (128, 128), (128, 64), (256, 256), (80, 40)):
         for hq, hk in ((1, 1), (3, None), (32, 8), (40, 40), (64, 4), (200, 16)):

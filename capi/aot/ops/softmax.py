@@ -21,6 +21,10 @@ def _softmax_cases(which: str) -> list[dict]:
     if which == "full":
         return [dict(base, m=1, n=n, dtype=dt, log=log) for dt in ("fp32", "fp16", "bf16") for log in (False, True)
                 for n in pow2s(1, 16384) + [32768]]
+    if which == "release":  # ops/models.py: sampling over each known vocabulary (bf16/fp16 or fp32 logits)
+        from . import models as mm
+        return [dict(base, m=m, n=v, dtype=dt, log=log, sms=sms) for v in sorted({f.vocab for f in mm.models()})
+                for dt in mm.DTYPES + ("fp32",) for log in (False, True) for m in mm.TOKENS for sms in mm.sm_counts()]
     out = [dict(base, m=m, n=n, dtype="bf16") for m in (0, 1, 5, 4096) for n in
            sorted(set(range(1, 70)) | {v + d for v in pow2s(128, 262144) for d in (-1, 0, 1)} | {32000, 128256, 151936})]
     out += [dict(base, m=m, n=n, dtype="fp32", sms=sms, log=True, temperature=0.7) for m in (1, 700, 100000)

@@ -12,6 +12,10 @@ the program writes the normalized output and the LSE. Several: it writes its par
 normalized over its keys, log2-sum-exp) to scratch and _paged_attn_reduce_kernel merges them
 (flash-decoding). Sinks join the denominator only in the final write, once.
 
+The group size G and the split count are runtime ints (they enter only the program's prologue and
+the partials' index), so one compiled variant serves every GQA ratio and context length: the C
+ABI's ahead-of-time build (capi/aot) embeds one per head size and feature set, not one per model.
+
 Bad data never reads outside the cache: a block id outside [0, num_blocks) or a block-table
 column past its width turns the row's scores into NaN, and a sequence whose length cannot be
 served (seq_len > max_keys: the splits do not reach its end) gets NaN output and LSE.
@@ -39,9 +43,9 @@ def _paged_attn_fwd_kernel(Q, KC, VC, BT, SEQ, CUQ, SINKS, KSCALE, VSCALE, O, LS
                            qk_mul, cap_mul, window_left, window_right, num_kv_heads, num_tiles, partition,
                            num_blocks, max_table, max_keys,
                            stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                           stride_bt, Hq,
-                           G: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BLOCK_M: tl.constexpr,
-                           BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr,
+                           stride_bt, Hq, num_splits,
+                           G, D: tl.constexpr, BS: tl.constexpr, BLOCK_M: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr,
                            VARLEN: tl.constexpr, MASK_RIGHT: tl.constexpr, MASK_LEFT: tl.constexpr,
                            SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, FP8: tl.constexpr, F32: tl.constexpr):
     pid = tl.program_id(0)
@@ -128,7 +132,7 @@ def _paged_attn_fwd_kernel(Q, KC, VC, BT, SEQ, CUQ, SINKS, KSCALE, VSCALE, O, LS
     if FP8:
         acc = acc * tl.load(VSCALE).to(tl.float32)
     out_mask = row_ok[:, None] & d_ok[None, :]
-    if SPLITS == 1:
+    if not SPLIT:
         if HAS_SINKS:
             sink = tl.load(SINKS + head, mask=row_ok, other=0.0).to(tl.float32) * 1.4426950408889634
             m_f = tl.maximum(m_i, sink)
@@ -149,25 +153,25 @@ def _paged_attn_fwd_kernel(Q, KC, VC, BT, SEQ, CUQ, SINKS, KSCALE, VSCALE, O, LS
         plse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
         part = tl.where(bad_seq, float("nan"), part)
         plse = tl.where(bad_seq, float("nan"), plse)
-        prow = (t * Hq + head) * SPLITS + split
+        prow = (t * Hq + head) * num_splits + split
         tl.store(PO + prow[:, None] * D + d[None, :], part, mask=out_mask)
         tl.store(PLSE + prow, plse, mask=row_ok)
 
 
 @triton.jit
-def _paged_attn_reduce_kernel(PO, PLSE, SINKS, O, LSE, D: tl.constexpr, SPLITS: tl.constexpr,
+def _paged_attn_reduce_kernel(PO, PLSE, SINKS, O, LSE, num_splits, D: tl.constexpr,
                               BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HAS_SINKS: tl.constexpr, Hq):
     row = tl.program_id(0).to(tl.int64)  # (token, head) flattened
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
-    s_ok = s < SPLITS
-    plse = tl.load(PLSE + row * SPLITS + s, mask=s_ok, other=float("-inf"))
+    s_ok = s < num_splits
+    plse = tl.load(PLSE + row * num_splits + s, mask=s_ok, other=float("-inf"))
     m = tl.max(plse, 0)
     if HAS_SINKS:
         m = tl.maximum(m, tl.load(SINKS + row % Hq).to(tl.float32) * 1.4426950408889634)
     m_use = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp2(plse - m_use)
-    part = tl.load(PO + (row * SPLITS + s)[:, None] * D + d[None, :], mask=s_ok[:, None] & (d < D)[None, :],
+    part = tl.load(PO + (row * num_splits + s)[:, None] * D + d[None, :], mask=s_ok[:, None] & (d < D)[None, :],
                    other=0.0)
     l = tl.sum(w, 0)
     if HAS_SINKS:
@@ -280,7 +284,7 @@ def _fwd_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, n0, pos, len_k, qk_mul, cap_mul
 def _flash_attn_fwd_kernel(Q, K, V, O, LSE, SINKS, CUQ, CUK, qk_mul, cap_mul, window_left, window_right,
                            seq_q, seq_k, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
                            stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
-                           Hq, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr,
+                           Hq, G, D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                            VARLEN: tl.constexpr, MASK_RIGHT: tl.constexpr, MASK_LEFT: tl.constexpr,
                            SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, F32: tl.constexpr):

@@ -152,13 +152,13 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, ma
     _fwd(grid, q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, sinks, k_scale if fp8 else None,
          v_scale if fp8 else None, out, lse, po, plse, qk_mul, cap_mul, left, right, hkv, p.tiles, p.partition, nb,
          max_table, max_keys, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0), hq,
-         G=g, D=d, BS=bs, BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_D=p.block_d, SPLITS=p.splits, VARLEN=varlen,
+         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0), hq, p.splits,
+         G=g, D=d, BS=bs, BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_D=p.block_d, SPLIT=p.splits > 1, VARLEN=varlen,
          MASK_RIGHT=mask_right, MASK_LEFT=mask_left, SOFTCAP=softcap > 0, HAS_SINKS=sinks is not None, FP8=fp8,
          F32=f32, num_warps=p.num_warps, num_stages=p.num_stages)
     if p.splits > 1:
         r = paged_reduce_policy(p.splits, p.block_d)
-        _reduce((t * hq,), po, plse, sinks, out, lse, D=d, SPLITS=p.splits, BLOCK_S=r.block_s,
+        _reduce((t * hq,), po, plse, sinks, out, lse, p.splits, D=d, BLOCK_S=r.block_s,
                 BLOCK_D=p.block_d, HAS_SINKS=sinks is not None, Hq=hq, num_warps=r.num_warps)
     return out, lse
 

@@ -116,6 +116,6 @@ def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, kv_scale, m
          block_table.stride(0), R=r, P=p_dim, BS=bs, BLOCK_H=p.block_h, BLOCK_N=p.block_n, BLOCK_R=p.block_r,
          BLOCK_P=p.block_p, SPLITS=p.splits, LAZY=p.lazy, FP8=fp8, F32=f32, num_warps=p.num_warps, num_stages=p.num_stages)
     if p.splits > 1:
-        _reduce((b * h,), po, plse, None, out, lse, D=r, SPLITS=p.splits, BLOCK_S=_pow2(p.splits),
+        _reduce((b * h,), po, plse, None, out, lse, p.splits, D=r, BLOCK_S=_pow2(p.splits),
                 BLOCK_D=p.block_r, HAS_SINKS=False, Hq=h, num_warps=4)
     return out, lse
