@@ -319,6 +319,39 @@ def test_plans_equal_the_python_launchers_over_the_sweep(plans):
     assert all(n >= 40 for n in by_op.values()), by_op
 
 
+def test_release_set_follows_the_models(plans, tmp_path):
+    """The release set's cases (capi/aot/ops/models.py) for three presets whose layers differ
+    (Llama GQA; gpt-oss sinks, sliding window, head size 64; Qwen3 q/k norms): every op has cases, they carry the
+    models' dimensions, and the C plans equal the Python launchers on a sample of them (the test
+    library lacks most of their variants: the plan then names what is missing)."""
+    cases = str(tmp_path / "release.json")
+    proc = subprocess.run([sys.executable, os.path.join(AOT, "generate.py"), "--dump-cases", cases, "--dump-sets",
+                           "release", "--models", "llama-3.1-8b,gpt-oss-20b,qwen3-0.6b"], capture_output=True, text=True,
+                          env=_env(), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    entries = json.load(open(cases))
+    by_op: dict[str, list] = {}
+    for e in entries:
+        by_op.setdefault(e["op"], []).append(e)
+    assert set(by_op) == {op["name"] for op in plans["manifest"]["ops"]}
+    norm_widths = {e["case"]["n"] for e in by_op["norm_fwd"]}
+    assert norm_widths == {4096, 2880, 1024, 128}, norm_widths  # hidden sizes and Qwen3's per-head q/k norm
+    assert {e["case"]["i"] for e in by_op["act_fwd"]} == {14336, 2880, 3072}
+    assert {(e["case"]["hq"], e["case"]["hk"], e["case"]["d"]) for e in by_op["rope_ext"]} == {(16, 8, 128)}
+    assert {(e["case"]["hq"], e["case"]["hkv"], e["case"]["d"]) for e in by_op["paged_attention"]} == \
+        {(32, 8, 128), (64, 8, 64), (16, 8, 128)}
+    assert any(e["case"]["sinks"] and list(e["case"]["window"]) == [127, 0] for e in by_op["paged_attention"])
+    bad = subprocess.run([sys.executable, os.path.join(AOT, "generate.py"), "--dump-cases", cases, "--dump-sets",
+                          "release", "--models", "no-such-model"], capture_output=True, text=True, env=_env(),
+                         timeout=300)
+    assert bad.returncode != 0 and "unknown preset(s) no-such-model" in bad.stderr + bad.stdout
+    kernels = {k["name"]: k for k in plans["manifest"]["kernels"]}
+    compiled = _compiled(plans["manifest"])
+    for op, es in sorted(by_op.items()):
+        for e in es[:: max(1, len(es) // 25)]:
+            _check_case(plans["so"], kernels, e, compiled)
+
+
 def test_exact_variants_take_the_jit_specialization(plans):
     """An exact variant is compiled from the very signature, constexprs and divisibility
     attributes Triton's JIT derives (its own binder, recorded with each launch) from the Python

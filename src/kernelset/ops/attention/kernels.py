@@ -12,9 +12,13 @@ the program writes the normalized output and the LSE. Several: it writes its par
 normalized over its keys, log2-sum-exp) to scratch and _paged_attn_reduce_kernel merges them
 (flash-decoding). Sinks join the denominator only in the final write, once.
 
-The group size G and the split count are runtime ints (they enter only the program's prologue and
-the partials' index), so one compiled variant serves every GQA ratio and context length: the C
-ABI's ahead-of-time build (capi/aot) embeds one per head size and feature set, not one per model.
+The split count is a runtime int (it enters only the partials' index; SPLIT says whether there are
+partials), so one compiled variant serves every context length: the C ABI's ahead-of-time build
+(capi/aot) embeds one per group size, head size and feature set, not one per split count. The
+group size G stays a constexpr: as a runtime int it cost 11% on an fp8 cache and 22% at head size
+256 (H100, B64 ctx 4096: 312 vs 281 us, 878 vs 717 us; docs/benchmarks/2026-11-23-h100-s5), though it enters only
+the prologue. The flash-attention forward takes G at run time (one division per program; its time
+did not change: 661 us vs 663 us before, the C ABI GPU check).
 
 Bad data never reads outside the cache: a block id outside [0, num_blocks) or a block-table
 column past its width turns the row's scores into NaN, and a sequence whose length cannot be
@@ -44,7 +48,7 @@ def _paged_attn_fwd_kernel(Q, KC, VC, BT, SEQ, CUQ, SINKS, KSCALE, VSCALE, O, LS
                            num_blocks, max_table, max_keys,
                            stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                            stride_bt, Hq, num_splits,
-                           G, D: tl.constexpr, BS: tl.constexpr, BLOCK_M: tl.constexpr,
+                           G: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BLOCK_M: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr,
                            VARLEN: tl.constexpr, MASK_RIGHT: tl.constexpr, MASK_LEFT: tl.constexpr,
                            SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, FP8: tl.constexpr, F32: tl.constexpr):
