@@ -57,9 +57,8 @@ class FastKernel:
         opts: dict[str, Any] = {"num_warps": num_warps}
         if num_stages is not None:
             opts["num_stages"] = num_stages
-        # always explicit: Triton 3.9 warns that its default turns to no fusion in 3.10, and the
-        # kernels (and the C ABI's ahead-of-time copies of them) are written for fusion by default
-        opts["enable_fp_fusion"] = bool(fp_fusion)
+        if not fp_fusion:
+            opts["enable_fp_fusion"] = False
         if not self.direct or args and isinstance(args[0], torch.Tensor) and args[0].device.type != "cuda":
             self.fn[grid](*args, **kwargs, **opts)
             return
