@@ -279,7 +279,7 @@ def make_run(op: str, c: dict, device) -> Run:
         x = randn(c["m"], c["v"], dtype=c["x"])
         tgt = rnd.randint(c["v"], (c["m"],), c["t"])
         kw_ = dict(ignore_index=c["ignore_index"], label_smoothing=c["smoothing"], z_loss=c["z_loss"],
-                   softcap=c["softcap"] or None, reduction="none")
+                   softcap=c["softcap"] or None, reduction=c.get("reduction", "none"))
         return Run(cid, "ks_cross_entropy", lambda: (ks.cross_entropy(x, tgt, **kw_, backend="triton"),),
                    lambda: (capi.cross_entropy(x, tgt, **kw_),), None, _nbytes(x))
     if op == "paged_attention":

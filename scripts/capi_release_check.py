@@ -116,7 +116,7 @@ def describe(op: str, c: dict) -> str:
             "softmax_fwd": ("m", "n", "dtype", "log"), "rope_fwd": ("t", "hq", "hk", "d", "rot", "dtype", "cache"),
             "rope_ext": ("t", "hq", "hk", "d", "cast", "dtype"), "reshape_and_cache": ("t", "h", "d", "bs", "kv", "cache"),
             "copy_blocks": ("bs", "h", "d", "dtype"), "embedding_fwd": ("m", "d", "v", "w", "ids"),
-            "ce_fwd": ("m", "v", "x", "t", "smoothing", "softcap"),
+            "ce_fwd": ("m", "v", "x", "t", "smoothing", "softcap", "reduction"),
             "paged_attention": ("b", "width", "hq", "hkv", "d", "bs", "dtype", "cache", "window", "softcap", "sinks",
                                 "varlen", "max_q"),
             "merge_attn_states": ("t", "h", "d", "a", "lse"),

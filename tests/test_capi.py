@@ -377,8 +377,6 @@ FAILURES = [
     ("layout_cuda_inner", "rms_norm", [_cuda([3, 8], strides=[1, 3]), None, _cuda([3, 8])], None,
      _abi.UNSUPPORTED_LAYOUT, "x: the last dim must have stride 1, got 3"),
     ("alias_residual", "fused_add_rms_norm", [X, X, W, Y], None, _abi.INVALID_ARGUMENT, "residual: must not alias x"),
-    ("cuda_reduction", "cross_entropy", [_cuda([3, 8]), _cuda([3], (0, 64)), _cuda([])], None, _abi.NOT_IMPLEMENTED,
-     "options.reduction: only KS_REDUCTION_NONE runs on CUDA"),
     ("option_size_small", "rms_norm", [X, W, Y], "size=4", _abi.INVALID_ARGUMENT,
      "options: size 4 is smaller than its size field"),
     ("option_size_large", "softmax", [X, Y], "size=64", _abi.INVALID_ARGUMENT,
@@ -475,6 +473,11 @@ def test_cuda_tensors_without_driver():
     status, message = _raw_call("rms_norm", [_raw([3, 8], (4, 16), device=(2, 0)), None,
                                              _raw([3, 8], (4, 16), device=(2, 0))], capi.options("rms_norm"))
     assert (capi.STATUS[status], message) == ("KS_ERR_CUDA", q.message)
+    # cross_entropy's mean and sum have a CUDA plan too (the per-row kernel, then the reduction)
+    for red in ("mean", "sum"):
+        q = capi.query_support("cross_entropy", [_cuda([3, 8]), _cuda([3], (0, 64)), _cuda([])],
+                               capi.options("cross_entropy", reduction=red))
+        assert q.name == "KS_ERR_CUDA" and "libcuda.so.1" in q.message, q.message
 
 
 def _has_libcuda() -> bool:

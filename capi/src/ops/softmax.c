@@ -5,7 +5,8 @@
  *   (1 - eps) (lse - z_t) + eps (lse - mean z) + z_loss lse^2, z = softcap tanh(x / softcap) or x,
  * 0 for rows whose target is ignore_index and NaN for a target outside [0, V); MEAN divides the
  * sum by the number of rows not ignored (at least 1). Row sums accumulate in double. CUDA tensors
- * run the package's kernels (softmax_fwd; ce_fwd, per-row loss only). */
+ * run the package's kernels (softmax_fwd; ce_fwd: the per-row loss, reduced by the package's
+ * reduction kernel for MEAN and SUM). */
 #include "ks_internal.h"
 #include "ks_cuda_ops.h"
 
@@ -125,17 +126,13 @@ static ks_status_t run_ce(ks_call *c, const DLTensor *logits, const DLTensor *ta
   }
   const int64_t rows = vt.numel;
   if (c->device_type == kDLCUDA) {
-    /* the kernel writes the per-row loss; mean and sum are torch reductions in the Python
-     * package, and this build has no reduction kernel */
-    if (o.reduction != KS_REDUCTION_NONE)
-      return ks_fail(KS_ERR_NOT_IMPLEMENTED, "options.reduction: only KS_REDUCTION_NONE runs on CUDA in this build "
-                     "(reduce the per-row loss yourself)");
     int64_t m, sx;
     KS_TRY(ks_view_rows(&vx, &m, &sx));
     KS_TRY(ks_check_contiguous(&vt));
     KS_TRY(ks_check_contiguous(&vl));
     KS_CUDA_DISPATCH(c, ce_fwd, vx.dtype, vt.dtype, ks_dev_ptr(c, &vx), ks_dev_ptr(c, &vt), ks_dev_ptr(c, &vl), rows,
-                     v, sx, o.ignore_index, (double)o.label_smoothing, (double)o.z_loss, (double)o.softcap);
+                     v, sx, o.ignore_index, (double)o.label_smoothing, (double)o.z_loss, (double)o.softcap,
+                     o.reduction);
   }
   if (c->dry_run) return KS_OK;
   const int64_t sx = vx.strides[vx.ndim - 1];

@@ -7,7 +7,9 @@ compute-bound on H100). Pass 2, in reverse chunk order, writes the gradient alre
 the reduction; with only ``programs`` rows in flight their logits are still in L2, so a training
 step reads the logits from HBM once and writes the gradient once. ``_ce_scale_kernel``
 multiplies by the incoming gradient in place and returns at once where it is 1.0 (the usual
-``loss.backward()``), so the backward costs nothing then. fp32 math.
+``loss.backward()``), so the backward costs nothing then. ``_ce_reduce_kernel`` sums the per-row
+losses for a mean or sum reduction in one program, in a fixed order (the C ABI runs the same
+kernel, so its answer is the Python package's, bit for bit). fp32 math.
 """
 from __future__ import annotations
 
@@ -111,3 +113,23 @@ def _ce_scale_kernel(DX, GO, M, V, stride_dx, PER_ROW: tl.constexpr, BLOCK: tl.c
                 ptr = DX + tl.cast(row, tl.int64) * stride_dx + cols
                 d = tl.load(ptr, mask=cm, other=0.0).to(tl.float32)
                 tl.store(ptr, (d * g).to(DX.dtype.element_ty), mask=cm)
+
+
+@triton.jit
+def _ce_reduce_kernel(LOSS, T, OUT, M, ignore_index, MEAN: tl.constexpr, BLOCK: tl.constexpr):
+    # one program: OUT = sum(LOSS[:M]), divided by max(1, rows whose target is not ignore_index)
+    # for a mean (0 when every row is ignored); an out-of-range target's NaN row stays NaN
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], tl.float32)
+    cnt = tl.zeros([BLOCK], tl.int32)
+    for start in range(0, M, BLOCK):
+        r = start + offs
+        rm = r < M
+        acc += tl.load(LOSS + r, mask=rm, other=0.0)
+        if MEAN:
+            t = tl.load(T + r, mask=rm, other=ignore_index)
+            cnt += tl.where(rm & (t != ignore_index), 1, 0)
+    total = tl.sum(acc, axis=0)
+    if MEAN:
+        total = total / tl.maximum(tl.sum(cnt, axis=0), 1).to(tl.float32)
+    tl.store(OUT, total)

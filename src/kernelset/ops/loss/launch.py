@@ -10,10 +10,11 @@ from ...core.arch import sm_count
 from ...core.checks import row_stride
 from ...core.tuning import TuningStack
 from ..triton_launch import FastKernel
-from .kernels import _ce_fwd_kernel, _ce_scale_kernel
+from .kernels import _ce_fwd_kernel, _ce_reduce_kernel, _ce_scale_kernel
 
 _fwd = FastKernel(_ce_fwd_kernel)
 _scale = FastKernel(_ce_scale_kernel)
+_reduce = FastKernel(_ce_reduce_kernel)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +27,8 @@ class CETuning:
     num_warps_fwd: int = 8
     stream_store: bool = True  # gradient stores marked streaming (.cs): 59.5% vs 58.9% on H100
     scale_block: int = 4096
+    reduce_block: int = 1024  # rows per step of the mean/sum reduction (one program)
+    reduce_warps: int = 4
 
 
 _tuning = TuningStack(CETuning())
@@ -51,9 +54,11 @@ def ce_fwd_policy(m: int, v: int, sms: int, need_grad: bool, t: CETuning) -> CEL
 def _scale_tensor(target: torch.Tensor, ignore_index: int, reduction: str, need_grad: bool) -> torch.Tensor | None:
     """The gradient's scale, on the device (no host sync): 1 / max(1, rows not ignored) for mean,
     1 for sum/none when a gradient is written, and nothing otherwise."""
+    if not need_grad:
+        return None
     if reduction == "mean":
         return 1.0 / (target != ignore_index).sum().clamp(min=1).to(torch.float32)
-    return torch.ones((), dtype=torch.float32, device=target.device) if need_grad else None
+    return torch.ones((), dtype=torch.float32, device=target.device)
 
 
 def ce_fwd(logits, target, ignore_index, smoothing, z_loss, softcap, reduction, need_grad):
@@ -71,8 +76,16 @@ def ce_fwd(logits, target, ignore_index, smoothing, z_loss, softcap, reduction, 
              BLOCK=p.block, STREAM_STORE=t.stream_store, num_warps=p.num_warps)
     if reduction == "none":
         return loss, dx
-    total = loss.sum()
-    return (total * scale if reduction == "mean" else total), dx
+    return ce_reduce(loss, target, ignore_index, reduction), dx
+
+
+def ce_reduce(loss: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str) -> torch.Tensor:
+    """The 0-d mean or sum of per-row losses [M], in one program (a fixed summation order)."""
+    out = empty((), torch.float32, loss.device)
+    t = active()
+    _reduce((1,), loss, target, out, loss.shape[0], ignore_index, MEAN=reduction == "mean", BLOCK=t.reduce_block,
+            num_warps=t.reduce_warps)
+    return out
 
 
 def ce_bwd(grad_out: torch.Tensor, dlogits: torch.Tensor, reduction: str) -> torch.Tensor:
