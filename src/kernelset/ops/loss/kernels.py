@@ -133,3 +133,96 @@ def _ce_reduce_kernel(LOSS, T, OUT, M, ignore_index, MEAN: tl.constexpr, BLOCK: 
     if MEAN:
         total = total / tl.maximum(tl.sum(cnt, axis=0), 1).to(tl.float32)
     tl.store(OUT, total)
+
+
+@triton.jit
+def _ce_split_chunk(X, row, c, V, stride_x, softcap, SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr,
+                    BLOCK: tl.constexpr):
+    # chunk c of a row: (cols, z, p = exp(z - m_c), m_c, s_c = sum p, sum z)
+    cols = c * BLOCK + tl.arange(0, BLOCK)
+    cm = cols < V
+    x = tl.load(X + tl.cast(row, tl.int64) * stride_x + cols, mask=cm, other=0.0).to(tl.float32)
+    z = tl.where(cm, _softcapped(x, softcap, SOFTCAP), -float("inf"))
+    m_c = tl.max(z, axis=0)
+    m_safe = tl.where(m_c == -float("inf"), 0.0, m_c)  # a chunk of -inf logits
+    p = tl.exp2((z - m_safe) * _LOG2E)
+    zs = 0.0
+    if SMOOTH:
+        zs = tl.sum(tl.where(cm, z, 0.0), axis=0)
+    return cols, z, p, m_c, tl.sum(p, axis=0), zs
+
+
+@triton.jit
+def _ce_split_kernel(X, T, LOSS, LSE, DX, SCALE, STATS, SYNC, M, V, stride_x, stride_dx, ignore_index, smoothing,
+                     z_loss, softcap, SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr, NCH: tl.constexpr,
+                     NCH_P2: tl.constexpr, BLOCK: tl.constexpr, PHASE: tl.constexpr, SPIN_LIMIT: tl.constexpr):
+    """Loss and gradient with each row split over NCH programs that hold their chunk on chip.
+
+    Work items (row, chunk) are handed out in order by a ticket counter (SYNC[0] or SYNC[1]). A
+    program reduces its chunk to (max, sum exp, sum z), publishes them in STATS[row] and counts
+    itself in SYNC[2 + row]; it then waits until the row's NCH chunks have arrived, combines the
+    partials into the row's lse, and writes its chunk's gradient from the exponentials it still
+    holds: the logits are read from HBM once and exponentiated once. Chunk 0 writes the loss.
+
+    No deadlock: tickets are taken only by running programs, in order, so the oldest unfinished
+    row always has all its chunks held by running programs once at least NCH programs fit on the
+    device (the launcher's grid is a few per SM, and NCH is far below the SM count). SPIN_LIMIT
+    bounds the wait anyway: a row that times out gets a NaN loss instead of a hang.
+
+    PHASE 0: the fused kernel above (GPUs). PHASE 1 / 2: the same work in two launches, stats then
+    gradient (the interpreter runs programs one after another, so a program cannot wait for a
+    later one there); phase 2 reads its chunk again.
+    """
+    n_items = M * NCH
+    ticket = SYNC + (1 if PHASE == 2 else 0)
+    item = tl.atomic_add(ticket, 1)
+    k = tl.arange(0, NCH_P2)
+    km = k < NCH
+    while item < n_items:
+        row = item // NCH
+        c = item % NCH
+        cols, z, p, m_c, s_c, zs_c = _ce_split_chunk(X, row, c, V, stride_x, softcap, SOFTCAP, SMOOTH, BLOCK)
+        st = STATS + tl.cast(row, tl.int64) * (3 * NCH_P2)
+        arrived = SYNC + 2 + row
+        if PHASE != 2:
+            tl.store(st + c, m_c)
+            tl.store(st + NCH_P2 + c, s_c)
+            tl.store(st + 2 * NCH_P2 + c, zs_c)
+            tl.debug_barrier()
+            tl.atomic_add(arrived, 1, sem="release")
+        if PHASE != 1:
+            n = tl.atomic_add(arrived, 0, sem="acquire")
+            spins = 0
+            while (n < NCH) & (spins < SPIN_LIMIT):
+                n = tl.atomic_add(arrived, 0, sem="acquire")
+                spins += 1
+            tl.debug_barrier()
+            ms = tl.load(st + k, mask=km, other=-float("inf"), volatile=True)
+            ss = tl.load(st + NCH_P2 + k, mask=km, other=0.0, volatile=True)
+            m = tl.max(ms, axis=0)
+            m_safe = tl.where(m == -float("inf"), 0.0, m)
+            lse = m + tl.log2(tl.sum(ss * tl.exp2((ms - m_safe) * _LOG2E), axis=0)) * _LN2
+            lse = tl.where(n < NCH, float("nan"), lse)  # timed out: poison rather than hang
+            t = tl.load(T + row).to(tl.int64)
+            valid = (t != ignore_index) & (t >= 0) & (t < V)
+            g_scale = tl.where(valid, tl.load(SCALE), 0.0)
+            coef = (1.0 + 2.0 * z_loss * lse) * g_scale
+            # p = exp(z - m_c): exp(z - lse) = p * exp(m_c - lse), one exp per logit in all
+            m_c_safe = tl.where(m_c == -float("inf"), 0.0, m_c)
+            g = p * (tl.exp2((m_c_safe - lse) * _LOG2E) * coef) - (smoothing / V) * g_scale
+            g = tl.where(cols == t, g - (1.0 - smoothing) * g_scale, g)
+            if SOFTCAP:
+                zc = z / softcap
+                g = g * (1.0 - zc * zc)
+            tl.store(DX + tl.cast(row, tl.int64) * stride_dx + cols, g.to(DX.dtype.element_ty), mask=cols < V)
+            if c == 0:
+                xt = tl.load(X + tl.cast(row, tl.int64) * stride_x + tl.where(valid, t, 0)).to(tl.float32)
+                zt = _softcapped(xt, softcap, SOFTCAP)
+                loss = (1.0 - smoothing) * (lse - zt) + z_loss * lse * lse
+                if SMOOTH:
+                    zsum = tl.sum(tl.load(st + 2 * NCH_P2 + k, mask=km, other=0.0, volatile=True), axis=0)
+                    loss += smoothing * (lse - zsum / V)
+                bad = (t != ignore_index) & ((t < 0) | (t >= V))
+                tl.store(LOSS + row, tl.where(valid, loss, tl.where(bad, float("nan"), 0.0)))
+                tl.store(LSE + row, lse)
+        item = tl.atomic_add(ticket, 1)
