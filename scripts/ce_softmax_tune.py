@@ -1,7 +1,6 @@
 """Sweep the launch knobs of the looped cross-entropy and softmax kernels on a GPU (block, warps,
 programs per SM) at the issue's bar shapes; prints % of copy bandwidth per configuration.
-"ce-split" sweeps the split-row cross-entropy kernel (chunk, warps, programs per SM).
-Usage (GPU machine): python scripts/ce_softmax_tune.py [ce] [ce-split] [softmax]  (ce and softmax by default)"""
+Usage (GPU machine): python scripts/ce_softmax_tune.py [ce] [softmax]  (both by default)"""
 from __future__ import annotations
 
 import dataclasses
@@ -25,8 +24,6 @@ def main() -> None:
     m, v = 8192, 128256
     if "ce" in which:
         tune_ce(dev, copy, grid, m, v)
-    if "ce-split" in which:
-        tune_ce_split(dev, copy, m, v)
     if "softmax" in which:
         tune_softmax(dev, copy, grid)
 
@@ -56,30 +53,6 @@ def tune_ce(dev, copy, grid, m, v):
             with ce_launch.use(cfg):
                 ms = timing.cuda_time_ms(lambda: ks.cross_entropy(x, t), warmup=3, reps=20, min_ms=30)
             print(f"ce fwd only block {block:5d} warps {warps:2d}: {ms:.3f} ms {100 * m * v * 2 / ms / 1e6 / copy:.1f}%")
-
-
-def tune_ce_split(dev, copy, m, v):
-    x = torch.randn(m, v, device=dev, dtype=torch.bfloat16, requires_grad=True)
-    t = torch.randint(0, v, (m,), device=dev)
-    nbytes = 2 * m * v * 2  # read logits, write dlogits
-    fn = lambda: torch.autograd.grad(ks.cross_entropy(x, t), (x,))  # noqa: E731
-    with ce_launch.use(dataclasses.replace(ce_launch.CETuning(), split_block=0)):
-        ms = timing.cuda_time_ms(fn, warmup=3, reps=20, min_ms=30)
-        print(f"ce fwd+bwd looped kernel (split off): {ms:.3f} ms {100 * nbytes / ms / 1e6 / copy:.1f}%", flush=True)
-    rows = []
-    for block, warps, pps in itertools.product((8192, 16384, 32768), (8, 16, 32), (1, 2, 3, 4)):
-        cfg = dataclasses.replace(ce_launch.CETuning(), split_block=block, split_warps=warps,
-                                  split_programs_per_sm=pps)
-        with ce_launch.use(cfg):
-            try:
-                ms = timing.cuda_time_ms(fn, warmup=3, reps=20, min_ms=30)
-            except Exception as exc:
-                print("ce split", block, warps, pps, "failed", type(exc).__name__, str(exc)[:200])
-                continue
-        rows.append((100 * nbytes / ms / 1e6 / copy, block, warps, pps))
-        print(f"ce split fwd+bwd 8192x128256 chunk {block:5d} warps {warps:2d} progs/SM {pps}: {ms:.3f} ms "
-              f"{rows[-1][0]:.1f}%", flush=True)
-    print("ce split best:", sorted(rows, reverse=True)[:3])
 
 
 def tune_softmax(dev, copy, grid):

@@ -5,18 +5,16 @@ import dataclasses
 
 import torch
 
-from ...core import config
 from ...core.alloc import empty
 from ...core.arch import sm_count
 from ...core.checks import row_stride
 from ...core.tuning import TuningStack
 from ..triton_launch import FastKernel
-from .kernels import _ce_fwd_kernel, _ce_reduce_kernel, _ce_scale_kernel, _ce_split_kernel
+from .kernels import _ce_fwd_kernel, _ce_reduce_kernel, _ce_scale_kernel
 
 _fwd = FastKernel(_ce_fwd_kernel)
 _scale = FastKernel(_ce_scale_kernel)
 _reduce = FastKernel(_ce_reduce_kernel)
-_split = FastKernel(_ce_split_kernel)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,12 +27,6 @@ class CETuning:
     num_warps_fwd: int = 8
     stream_store: bool = True  # gradient stores marked streaming (.cs): 59.5% vs 58.9% on H100
     scale_block: int = 4096
-    # with a gradient and a row of at least two chunks: the split-row kernel (each chunk on chip
-    # while its row's partials are combined); 0 turns it off
-    split_block: int = 16384
-    split_warps: int = 16
-    split_programs_per_sm: int = 2
-    split_max_chunks: int = 64  # longer rows take the looped kernel
     reduce_block: int = 1024  # rows per step of the mean/sum reduction (one program)
     reduce_warps: int = 4
 
@@ -59,25 +51,6 @@ def ce_fwd_policy(m: int, v: int, sms: int, need_grad: bool, t: CETuning) -> CEL
     return CELaunch(block, warps, min(m, t.programs_per_sm * sms) if need_grad else m)
 
 
-@dataclasses.dataclass(frozen=True)
-class CESplit:
-    block: int  # vocabulary chunk per work item
-    chunks: int  # work items per row
-    num_warps: int
-    grid: int
-
-
-def ce_split_policy(m: int, v: int, sms: int, t: CETuning) -> CESplit | None:
-    """_ce_split_kernel's launch, or None where the looped kernel serves (no gradient asked, rows
-    of one chunk, or more chunks than the tuning allows)."""
-    if t.split_block <= 0 or v <= t.split_block:
-        return None
-    chunks = -(-v // t.split_block)
-    if chunks > min(t.split_max_chunks, max(1, sms)):  # the wait needs every chunk of a row running at once
-        return None
-    return CESplit(t.split_block, chunks, t.split_warps, min(m * chunks, t.split_programs_per_sm * sms))
-
-
 def _scale_tensor(target: torch.Tensor, ignore_index: int, reduction: str, need_grad: bool) -> torch.Tensor | None:
     """The gradient's scale, on the device (no host sync): 1 / max(1, rows not ignored) for mean,
     1 for sum/none when a gradient is written, and nothing otherwise."""
@@ -95,11 +68,8 @@ def ce_fwd(logits, target, ignore_index, smoothing, z_loss, softcap, reduction, 
     lse = empty((m,), torch.float32, logits.device)
     dx = empty((m, v), logits.dtype, logits.device) if need_grad else None
     scale = _scale_tensor(target, ignore_index, reduction, need_grad)
-    t = active()
-    sp = ce_split_policy(m, v, sm_count(logits.device), t) if need_grad and m else None
-    if sp is not None:
-        _ce_split(logits, target, loss, lse, dx, scale, ignore_index, smoothing, z_loss, softcap, sp)
-    elif m:
+    if m:
+        t = active()
         p = ce_fwd_policy(m, v, sm_count(logits.device) if need_grad else 0, need_grad, t)  # sms: grad only
         _fwd((p.grid,), logits, target, loss, lse, dx, scale, m, v, row_stride(logits), v, ignore_index, smoothing,
              z_loss, softcap or 0.0, SOFTCAP=bool(softcap), SMOOTH=smoothing > 0.0, HAS_GRAD=need_grad,
@@ -107,19 +77,6 @@ def ce_fwd(logits, target, ignore_index, smoothing, z_loss, softcap, reduction, 
     if reduction == "none":
         return loss, dx
     return ce_reduce(loss, target, ignore_index, reduction), dx
-
-
-def _ce_split(logits, target, loss, lse, dx, scale, ignore_index, smoothing, z_loss, softcap, sp: CESplit):
-    m, v = logits.shape
-    np2 = 1 << max(0, (sp.chunks - 1).bit_length())
-    stats = empty((m, 3, np2), torch.float32, logits.device)
-    sync = torch.zeros(2 + m, dtype=torch.int32, device=logits.device)  # tickets (2), arrivals per row
-    # the interpreter runs programs one at a time: a program cannot wait for a later one there
-    phases = (0,) if logits.device.type == "cuda" and not config.get().triton_interpret else (1, 2)
-    for phase in phases:
-        _split((sp.grid,), logits, target, loss, lse, dx, scale, stats, sync, m, v, row_stride(logits), v,
-               ignore_index, smoothing, z_loss, softcap or 0.0, SOFTCAP=bool(softcap), SMOOTH=smoothing > 0.0,
-               NCH=sp.chunks, NCH_P2=np2, BLOCK=sp.block, PHASE=phase, SPIN_LIMIT=1 << 26, num_warps=sp.num_warps)
 
 
 def ce_reduce(loss: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str) -> torch.Tensor:
