@@ -1,7 +1,8 @@
 """Sweep launch-policy values of the norm kernels on a GPU; prints the best per case.
 
 Run by scripts/gpu_check.sh with --tune. Results inform policy.DEFAULT_TUNING (and are kept in
-docs/benchmarks/ next to the benchmark that uses them).
+docs/benchmarks/ next to the benchmark that uses them). ``python scripts/norm_tune.py wide`` sweeps
+only the looped forward at the issue's wide-row cases (4096x65536, 1024x262144).
 """
 from __future__ import annotations
 
@@ -47,6 +48,10 @@ def main() -> int:
                               max_block_fwd=(16384, 32768))) + \
         list(variants(base, max_block_fwd=(8192,), looped_block_fwd=(8192, 16384), looped_warps_fwd=(16, 32),
                       looped_programs_per_sm=(1, 2, 4, 8)))
+    if "wide" in sys.argv[1:]:
+        fwd_cases = [(4096, 65536), (1024, 262144)]
+        fwd_space = list(variants(base, looped_block_fwd=(8192, 16384, 32768), looped_warps_fwd=(16, 32),
+                                  looped_programs_per_sm=(1, 2, 3, 4)))
     for m, n in fwd_cases:
         x = torch.randn(m, n, dtype=torch.bfloat16, device=dev)
         w = torch.randn(n, dtype=torch.bfloat16, device=dev)
@@ -57,6 +62,8 @@ def main() -> int:
                                                tuning=t), warmup=3, reps=20, min_ms=20)
             rows.append((100 * 4 * m * n / ms / 1e6 / copy, ms, p))
         report(f"fwd {m}x{n}:", rows)
+    if "wide" in sys.argv[1:]:
+        return 0
     bwd_space = list(variants(base, bwd_elems_per_thread=(4, 8, 16), bwd_threads_per_sm=(1024, 2048),
                               bwd_tile=(1024, 4096), max_block_bwd=(8192, 16384)))
     for m, n in [(32768, 4096), (16384, 8192), (8192, 16384), (4096, 65536)]:

@@ -1,10 +1,11 @@
 """Sweep the paged-attention decode knobs (keys per iteration, KV splits) on a GPU at the issue's
 decode shapes, bf16 and fp8 caches; prints % of copy bandwidth (KV bytes) per configuration,
 graph-replayed as serving engines run decode.
-Usage (GPU machine): python scripts/paged_tune.py"""
+Usage (GPU machine): python scripts/paged_tune.py [fp8]  (fp8: only the B64 ctx4096 fp8-cache case)"""
 from __future__ import annotations
 
 import itertools
+import sys
 
 import torch
 
@@ -28,8 +29,11 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()} copy {copy:.0f} GB/s")
     spec = ks.core.registry.op("paged_attention")
     adapter = ADAPTERS["paged_attention"]
-    for shape in ((64, 4096, 32, 8, 128, 16, 16), (64, 4096, 32, 8, 128, 16, 8), (8, 32768, 32, 8, 128, 16, 16),
-                  (8, 32768, 32, 8, 128, 16, 8), (1, 32768, 32, 8, 128, 16, 16)):
+    shapes = ((64, 4096, 32, 8, 128, 16, 16), (64, 4096, 32, 8, 128, 16, 8), (8, 32768, 32, 8, 128, 16, 16),
+              (8, 32768, 32, 8, 128, 16, 8), (1, 32768, 32, 8, 128, 16, 16))
+    if "fp8" in sys.argv[1:]:
+        shapes = ((64, 4096, 32, 8, 128, 16, 8),)
+    for shape in shapes:
         inp = adapter.inputs(shape, torch.bfloat16, dev, "fwd")
         ref = adapter.reference(inp, "fwd")[0]
         cost = spec.cost(shape, torch.bfloat16, "fwd")

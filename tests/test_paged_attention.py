@@ -216,15 +216,21 @@ def test_varlen_with_one_token_each_equals_decode(device):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
-def test_fp8_cache(backend, dtype, device):
-    """An e4m3 cache with per-tensor scales equals the reference on the dequantized cache."""
+@pytest.mark.parametrize("mag", [1.0, 1e5, 1e-6], ids=["q1", "q1e5", "q1e-6"])
+def test_fp8_cache(backend, dtype, mag, device):
+    """An e4m3 cache with per-tensor scales equals the reference on the dequantized cache; queries
+    far outside fp16's range (bf16 holds 1e5; the kernel's fp16 dot must rescale them) or tiny,
+    against keys scaled the other way so the scores stay the same."""
+    if dtype == torch.float16 and mag > 1e4:
+        pytest.skip("an fp16 query cannot hold 1e5")
     lens = [70, 9, 0]
     keys, values = _seqs(lens, 2, 128, torch.float32, device)
-    k_scale, v_scale = torch.tensor(0.02, device=device), torch.tensor(0.015, device=device)
+    keys = [k / mag for k in keys]
+    k_scale, v_scale = torch.tensor(0.02 / mag, device=device), torch.tensor(0.015, device=device)
     kc, vc, table, seq_lens = _paged(keys, values, 16, device, cache_dtype=FP8, scales=(k_scale, v_scale))
     deq_k = [(k.float() / k_scale).clamp(-448, 448).to(FP8).float() * k_scale for k in keys]
     deq_v = [(v.float() / v_scale).clamp(-448, 448).to(FP8).float() * v_scale for v in values]
-    q = torch.randn(3, 8, 128, device=device).to(dtype)
+    q = (torch.randn(3, 8, 128, device=device) * mag).to(dtype)
     got = ks.paged_attention(q, kc, vc, table, seq_lens, k_scale=k_scale, v_scale=v_scale, return_lse=True,
                              backend=backend)
     _check(got, _expected(q, deq_k, deq_v, [0, 1, 2, 3]), dtype, "fp8")

@@ -24,8 +24,10 @@ Bad data never reads outside the cache: a block id outside [0, num_blocks) or a 
 column past its width turns the row's scores into NaN, and a sequence whose length cannot be
 served (seq_len > max_keys: the splits do not reach its end) gets NaN output and LSE.
 
-fp8 caches: keys/values are read as e4m3, widened exactly to the query dtype for tl.dot, and the
-scales folded in (k_scale into the score multiplier, v_scale into the output).
+fp8 caches: keys/values are read as e4m3 and widened exactly to fp16 for tl.dot (one conversion
+per pair of values; widening to bf16 takes three and made decode conversion-bound on the H100);
+the query is scaled by a power of two into fp16's range (exact), and the scales are folded in
+(k_scale and that power of two into the score multiplier, v_scale into the output).
 """
 from __future__ import annotations
 
@@ -92,6 +94,13 @@ def _paged_attn_fwd_kernel(Q, KC, VC, BT, SEQ, CUQ, SINKS, KSCALE, VSCALE, O, LS
     kv_scale = 1.0
     if FP8:
         kv_scale = tl.load(KSCALE).to(tl.float32)
+        # e4m3 widens to fp16 in one conversion per pair (to bf16 it takes three, and decode is
+        # conversion-bound then): q is moved into fp16's range by a power of two (exact), its
+        # largest magnitude in [2^13, 2^16), and the factor goes into the score multiplier
+        q_max = tl.max(tl.max(tl.abs(q.to(tl.float32)), 1), 0)
+        q_exp = tl.where(q_max > 0, tl.floor(tl.log2(q_max)) - 14.0, 0.0)
+        q = (q.to(tl.float32) * tl.exp2(-q_exp)).to(tl.float16)
+        kv_scale = kv_scale * tl.exp2(q_exp)
     s_mul = qk_mul * kv_scale
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -110,8 +119,8 @@ def _paged_attn_fwd_kernel(Q, KC, VC, BT, SEQ, CUQ, SINKS, KSCALE, VSCALE, O, LS
         v = tl.load(VC + page[:, None] * stride_vb + in_blk[:, None] * stride_vs + kvh * stride_vh + d[None, :],
                     mask=ld, other=0.0)
         if FP8:
-            k = k.to(Q.dtype.element_ty)
-            v = v.to(Q.dtype.element_ty)
+            k = k.to(tl.float16)
+            v = v.to(tl.float16)
         s = _dot(q, tl.trans(k), F32)
         if SOFTCAP:
             # softcap * tanh(x / softcap) in base 2: tanh(z) = 2 sigmoid(2z) - 1
@@ -130,7 +139,7 @@ def _paged_attn_fwd_kernel(Q, KC, VC, BT, SEQ, CUQ, SINKS, KSCALE, VSCALE, O, LS
         alpha = tl.exp2(m_i - m_use)
         p = tl.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + _dot(p.to(Q.dtype.element_ty), v, F32)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, F32)
         m_i = m_new
 
     if FP8:
