@@ -48,9 +48,10 @@ def _paged_cases(which: str) -> list[dict]:
                 dict(LLAMA, hq=8, hkv=2, d=64, bs=32, dtype="fp16", cache="fp16", varlen=True, max_q=9,
                      qlens=(9, 1, 4), window=(100, 0), softcap=30.0, sinks=True, ws=False),  # chunked prefill
                 dict(LLAMA, cache="fp8e4nv", ws=False),  # fp8 cache (sm_89+)
-                # GPU checks: decode over 1 GB of cache (no split at 64 x 8 programs), a long context split
-                # 17 ways, a prefill chunk of 4 x 512 tokens over 4096 cached ones
+                # GPU checks: decode over 1 GB of cache (no split at 64 x 8 programs; bf16 and fp8), a long
+                # context split 17 ways, a prefill chunk of 4 x 512 tokens over 4096 cached ones
                 dict(LLAMA, b=64, nb=64 * 256, width=256, gpu="paged_decode"),
+                dict(LLAMA, b=64, nb=64 * 256, width=256, cache="fp8e4nv", ws=False, gpu="paged_decode_fp8"),
                 dict(LLAMA, b=4, nb=4 * 2048, width=2048, gpu="paged_decode_split"),
                 dict(LLAMA, b=4, nb=4 * 256, width=256, varlen=True, max_q=512, qlens=(512,) * 4, ws=False,
                      gpu="paged_prefill")]
