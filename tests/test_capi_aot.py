@@ -693,11 +693,12 @@ so = ctypes.CDLL(sys.argv[2])
 sys.path.insert(0, sys.argv[3])
 from test_capi_aot import _c_values
 out = {}
-def merge(t, lse):
+def merge(t, lse, stream=None):
     err = ctypes.create_string_buffer(2048)
     args = _c_values(["bf16", "bf16", "OA", "LA", "OB", "LB", "O", lse, t, 32, 128, 32 * 128, 128, 32 * 128, 128,
                       32, 1, 32, 1], so, "merge_attn_states", {})
-    s = so.ks_cuda_merge_attn_states_launch(ctypes.c_int(0), ctypes.c_void_p(None), err, ctypes.c_size_t(2048), *args)
+    s = so.ks_cuda_merge_attn_states_launch(ctypes.c_int(0), ctypes.c_void_p(stream), err, ctypes.c_size_t(2048),
+                                            *args)
     return s, err.value.decode()
 fake.fake_cuda_set_capturing(1)
 out["capture_first"] = merge(5, None)          # LSE discarded: the buffer must grow, not during capture
@@ -710,11 +711,15 @@ out["capture_again"] = merge(5, None)           # already large enough: capturab
 out["capture_larger"] = merge(1 << 20, None)    # 128 MB of LSE: would grow
 out["allocs_after"] = fake.fake_cuda_allocs()
 out["launches"] = fake.fake_cuda_launches()
+fake.fake_cuda_set_capturing(0)
+out["other_stream"] = merge(5, None, 0x1234)    # another stream: a buffer of its own (plans read scratch back)
+out["other_stream_again"] = merge(5, None, 0x1234)
+out["allocs_streams"] = fake.fake_cuda_allocs()
 print(json.dumps(out))
 """
 
 
-def test_discard_buffer_grows_outside_graph_capture_only(plans, tmp_path):
+def test_discard_buffer_grows_outside_graph_capture_only_one_per_stream(plans, tmp_path):
     fake = str(tmp_path / "libcuda.so.1")
     proc = subprocess.run(["gcc", *CFLAGS, "-shared", "-Wl,-soname,libcuda.so.1", os.path.join(AOT, "fake_cuda.c"),
                            "-o", fake], capture_output=True, text=True)
@@ -729,6 +734,7 @@ def test_discard_buffer_grows_outside_graph_capture_only(plans, tmp_path):
     assert r["capture_with_lse"][0] == KS_OK and r["eager"][0] == KS_OK and r["capture_again"][0] == KS_OK, r
     assert r["capture_larger"][0] == 1, r
     assert r["allocs"] == 1 and r["allocs_after"] == 1 and r["launches"] == 3, r
+    assert r["other_stream"][0] == KS_OK and r["other_stream_again"][0] == KS_OK and r["allocs_streams"] == 2, r
 
 
 def test_driver_declarations_match_cuda_h(tmp_path):

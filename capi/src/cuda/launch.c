@@ -510,14 +510,19 @@ ks_status_t ks_cuda_plan_check(const ks_cuda_plan *plan, const ks_cuda_device_in
   return KS_OK;
 }
 
-/* ---- the discard buffer: one per context, grown by doubling, old buffers kept (a launch still
- * in flight on another stream may be writing them) */
+/* ---- scratch (the discard buffer): one per (context, stream), grown by doubling, old buffers
+ * kept (a graph captured with them may still replay). Per stream because some plans read their
+ * scratch back (cross_entropy's per-row losses before the mean/sum, split-KV partials): calls on
+ * one stream are ordered, calls on two streams would race on one buffer. A graph captured on a
+ * stream bakes that stream's buffer in: replay it while no other call runs on that stream. */
+#define KS_MAX_SCRATCH 256
 typedef struct {
   void *ctx;
+  ks_stream_t stream;
   uint64_t ptr;
   int64_t bytes;
 } scratch_slot;
-static scratch_slot g_scratch[KS_MAX_CONTEXTS];
+static scratch_slot g_scratch[KS_MAX_SCRATCH];
 static int g_num_scratch;
 
 ks_status_t ks_cuda_scratch(int device, ks_stream_t stream, int64_t bytes, uint64_t *ptr, char *err, size_t errlen) {
@@ -531,14 +536,16 @@ ks_status_t ks_cuda_scratch(int device, ks_stream_t stream, int64_t bytes, uint6
   pthread_mutex_lock(&g_mu);
   scratch_slot *slot = NULL;
   for (int i = 0; i < g_num_scratch; i++)
-    if (g_scratch[i].ctx == ctx) slot = &g_scratch[i];
+    if (g_scratch[i].ctx == ctx && g_scratch[i].stream == stream) slot = &g_scratch[i];
   if (!slot) {
-    if (g_num_scratch == KS_MAX_CONTEXTS) {
-      ks_cuda_errorf(err, errlen, "more than %d CUDA contexts used with kernelset", KS_MAX_CONTEXTS);
+    if (g_num_scratch == KS_MAX_SCRATCH) {
+      ks_cuda_errorf(err, errlen, "more than %d (CUDA context, stream) pairs used with kernelset's discard buffer "
+                     "(pass the optional outputs, or reuse streams)", KS_MAX_SCRATCH);
       s = KS_ERR_UNSUPPORTED_DEVICE;
     } else {
       slot = &g_scratch[g_num_scratch++];
       slot->ctx = ctx;
+      slot->stream = stream;
     }
   }
   if (s == KS_OK && slot->bytes < bytes) {
