@@ -682,6 +682,12 @@ def main(argv=None) -> int:
         results = fake_driver_check(*args.fake_driver)
         print(json.dumps(results))
         return 0 if all(r["ok"] for r in results) else 1
+    wanted = set(args.cases.split(",")) if args.cases else None
+    unknown = sorted((wanted or set()) - {c["gpu"] for _, c in gpu_cases()})
+    if unknown:  # before any build: a misspelt (or not yet merged) case id must not pass as "all ok"
+        print(f"capi_gpu_check: unknown case id(s) {', '.join(unknown)}; the test set's GPU cases: "
+              f"{', '.join(c['gpu'] for _, c in gpu_cases())}")
+        return 1
     import torch
     if not torch.cuda.is_available():
         print("capi_gpu_check: no CUDA GPU here (run it on the GPU machine)")
@@ -699,7 +705,6 @@ def main(argv=None) -> int:
     why = device_fits_test_set(device)
     if why:
         print(f"capi_gpu_check: note: {why}")
-    wanted = set(args.cases.split(",")) if args.cases else None
     results = []
     for op, case in gpu_cases():
         if wanted and case["gpu"] not in wanted:
