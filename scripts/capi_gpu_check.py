@@ -284,6 +284,8 @@ def make_run(op: str, c: dict, device) -> Run:
                    lambda: (capi.cross_entropy(x, tgt, **kw_),), None, _nbytes(x))
     if op == "paged_attention":
         return _paged_run(c, device, rnd)
+    if op == "mla_decode":
+        return _mla_run(c, device, rnd)
     if op == "merge_attn_states":
         t, h, d = c["t"], c["h"], c["d"]
         oa, ob = randn(t, h, d, dtype=c["a"]), randn(t, h, d, dtype=c["b"])
@@ -352,6 +354,27 @@ def _paged_run(c: dict, device, rnd: _Rand) -> Run:
                lambda: tuple(capi.paged_attention(q, kc, vc, table, lens, max_seq_len=cap, workspace=ws,
                                                   return_lse=True, **cargs, **opts)),
                None, kv_bytes + 2 * _nbytes(q))
+
+
+def _mla_run(c: dict, device, rnd: _Rand) -> Run:
+    import torch
+
+    import kernelset as ks
+    from kernelset import capi
+    from ops.mla import SCALE
+    b, h, r, p, bs, nb, width = c["b"], c["h"], c["r"], c["p"], c["bs"], c["nb"], c["width"]
+    cap = width * bs
+    kv = rnd.randn(nb, bs, r + p, dtype=c["cache"])
+    table = rnd.randperm(nb)[:b * width].reshape(b, width).to(torch.int32).contiguous()
+    lens = torch.full((b,), cap, device=device, dtype=torch.int32)  # every sequence at full context
+    kvs = torch.full((), 0.05, device=device) if c["cache"] == "fp8e4nv" else None
+    qn, qp = rnd.randn(b, h, r, dtype=c["dtype"]), rnd.randn(b, h, p, dtype=c["dtype"])
+    kw_ = dict(scale=SCALE, kv_lora_rank=r, rope_dim=p)
+    return Run(c.get("gpu", "?"), "ks_mla_decode",
+               lambda: tuple(ks.mla_decode(qn, qp, kv, table, lens, kv_scale=kvs, max_seq_len=cap, return_lse=True,
+                                           check_bounds=False, backend="triton", **kw_)),
+               lambda: tuple(capi.mla_decode(qn, qp, kv, table, lens, cap, kvs, return_lse=True, **kw_)),
+               None, b * cap * (r + p) * kv.element_size() + 2 * _nbytes(qn, qp))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -659,6 +682,12 @@ def main(argv=None) -> int:
         results = fake_driver_check(*args.fake_driver)
         print(json.dumps(results))
         return 0 if all(r["ok"] for r in results) else 1
+    wanted = set(args.cases.split(",")) if args.cases else None
+    unknown = sorted((wanted or set()) - {c["gpu"] for _, c in gpu_cases()})
+    if unknown:  # before any build: a misspelt (or not yet merged) case id must not pass as "all ok"
+        print(f"capi_gpu_check: unknown case id(s) {', '.join(unknown)}; the test set's GPU cases: "
+              f"{', '.join(c['gpu'] for _, c in gpu_cases())}")
+        return 1
     import torch
     if not torch.cuda.is_available():
         print("capi_gpu_check: no CUDA GPU here (run it on the GPU machine)")
@@ -676,7 +705,6 @@ def main(argv=None) -> int:
     why = device_fits_test_set(device)
     if why:
         print(f"capi_gpu_check: note: {why}")
-    wanted = set(args.cases.split(",")) if args.cases else None
     results = []
     for op, case in gpu_cases():
         if wanted and case["gpu"] not in wanted:

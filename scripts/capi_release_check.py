@@ -35,7 +35,9 @@ import capi_gpu_check as chk  # noqa: E402
 # the field holding a case's token / batch count, per generator op (None: nothing to vary)
 COUNT_FIELD = {"norm_fwd": "m", "act_fwd": "m", "softmax_fwd": "m", "rope_fwd": "t", "rope_ext": "t",
                "reshape_and_cache": "t", "copy_blocks": None, "embedding_fwd": "m", "ce_fwd": "m",
-               "paged_attention": "b", "merge_attn_states": "t", "flash_fwd": None}
+               "paged_attention": "b", "merge_attn_states": "t", "flash_fwd": None,
+               # the MLA kernel's split count is a constexpr: another batch is another variant
+               "mla_decode": None}
 MAX_BYTES = 3 << 30  # skip a drawn case whose inputs would exceed this
 
 
@@ -81,6 +83,8 @@ def input_bytes(op: str, c: dict) -> int:
         return 2 * c["nb"] * c["bs"] * c["hkv"] * c["d"] * el
     if op == "flash_fwd":
         return 4 * c["b"] * c["sq"] * c["hq"] * c["d"] * el
+    if op == "mla_decode":
+        return c["nb"] * c["bs"] * (c["r"] + c["p"]) * el
     if op == "ce_fwd":
         return c["m"] * c["v"] * el
     if op == "softmax_fwd":
@@ -120,7 +124,8 @@ def describe(op: str, c: dict) -> str:
             "paged_attention": ("b", "width", "hq", "hkv", "d", "bs", "dtype", "cache", "window", "softcap", "sinks",
                                 "varlen", "max_q"),
             "merge_attn_states": ("t", "h", "d", "a", "lse"),
-            "flash_fwd": ("sq", "hq", "hkv", "d", "dtype", "varlen", "window", "softcap", "sinks")}[op]
+            "flash_fwd": ("sq", "hq", "hkv", "d", "dtype", "varlen", "window", "softcap", "sinks"),
+            "mla_decode": ("b", "width", "h", "r", "p", "bs", "dtype", "cache")}[op]
     return " ".join(f"{k}={c[k]}" for k in keys if k in c)
 
 

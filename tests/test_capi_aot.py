@@ -333,7 +333,15 @@ def test_release_set_follows_the_models(plans, tmp_path):
     by_op: dict[str, list] = {}
     for e in entries:
         by_op.setdefault(e["op"], []).append(e)
-    assert set(by_op) == {op["name"] for op in plans["manifest"]["ops"]}
+    # every op but MLA decode, which none of these presets uses (DeepSeek's shapes: below)
+    assert set(by_op) == {op["name"] for op in plans["manifest"]["ops"]} - {"mla_decode"}
+    from ops import mla, models
+    models.select(["deepseek-v3"])
+    try:
+        mla_shapes = {(c["h"], c["r"], c["p"], c["bs"]) for c in mla.MLA_DECODE.cases("release")}
+    finally:
+        models.select([])
+    assert mla_shapes == {(128, 512, 64, 64)}, mla_shapes
     norm_widths = {e["case"]["n"] for e in by_op["norm_fwd"]}
     assert norm_widths == {4096, 2880, 1024, 128}, norm_widths  # hidden sizes and Qwen3's per-head q/k norm
     assert {e["case"]["i"] for e in by_op["act_fwd"]} == {14336, 2880, 3072}
@@ -474,6 +482,13 @@ def test_translated_policies_equal_python(plans):
               q, keys, sms, fp8)
         check("ks_pol_paged_nosplit", lambda *a: attn.paged_policy(*a[:-1], split, bool(a[-1])), b, hkv, g, d, q,
               keys, sms, fp8)
+    from kernelset.ops.mla import launch as mla
+    for b, h, r, p, keys, sms, fp8 in itertools.product((1, 3, 64, 300), (1, 16, 20, 64, 128), (64, 80, 512),
+                                                        (8, 64), (0, 1, 255, 4096, 10**6), (1, 108, 132), (0, 1)):
+        check("ks_pol_mla", lambda *a: mla.mla_policy(*a[:-1], bool(a[-1]), mla.MlaTuning()), b, h, r, p, keys, sms,
+              fp8)
+    for splits in range(1, 65):
+        check("ks_pol_mla_reduce", mla.mla_reduce_policy, splits)
     translated = {pol["c_name"] for pol in plans["manifest"]["policies"]}
     assert seen == translated, f"policies without a sweep here: {sorted(translated - seen)}"
 

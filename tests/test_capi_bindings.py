@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -113,8 +114,9 @@ def _variant(tmp_path: Path, old: str, new: str, minor: int | None = None) -> tu
     text = check_abi.HEADER.read_text()
     assert old in text
     text = text.replace(old, new)
-    if minor is not None:
-        text = text.replace("#define KS_ABI_VERSION_MINOR 0", f"#define KS_ABI_VERSION_MINOR {minor}")
+    if minor is not None:  # the header's minor raised by `minor`
+        now = int(re.search(r"#define KS_ABI_VERSION_MINOR (\d+)", text).group(1))
+        text = text.replace(f"#define KS_ABI_VERSION_MINOR {now}", f"#define KS_ABI_VERSION_MINOR {now + minor}")
     path = tmp_path / "kernelset.h"
     path.write_text(text)
     h = check_abi.Header(text)

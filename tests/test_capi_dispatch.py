@@ -27,6 +27,7 @@ from kernelset import capi
 from kernelset.core import config
 from kernelset.ops.attention import launch as attn_launch
 from kernelset.ops.kvcache import launch as kv_launch
+from kernelset.ops.mla import launch as mla_launch
 from kernelset.ops.rope import launch as rope_launch
 
 
@@ -420,15 +421,50 @@ def _attn_spy_cases():
     yield "flash_varlen_lse", flash(torch.bfloat16, True, True, False)
 
 
+def _mla_spy_cases():
+    def mla(dtype, cache_dtype, lse, b=3, h=16, q_strided=False, max_seq_len=0):
+        c = _Case()
+        r, p, bs, nb, width = 512, 64, 64, 64, 16
+        c.t("qn", (b, h, r), dtype, (h * (r + p), r + p, 1) if q_strided else None)  # a view of [B, H, R + P]
+        c.t("qp", (b, h, p), dtype)
+        c.t("kv", (nb, bs, r + p), cache_dtype)
+        c.t("bt", (b, width), torch.int32)
+        c.t("seq", (b,), torch.int32)
+        fp8 = cache_dtype == FP8
+        if fp8:
+            c.t("kvs", (), torch.float32)
+        c.t("out", (b, h, r), dtype)
+        if lse:
+            c.t("lse", (b, h), torch.float32)
+        o = capi.options("mla_decode", scale=192 ** -0.5)
+        g = lambda n: c.dl(n) if n in c.host else None
+
+        def call(so):
+            return so.ks_mla_decode(g("qn"), g("qp"), g("kv"), g("bt"), g("seq"), max_seq_len, g("kvs"), g("out"),
+                                    g("lse"), ctypes.byref(o), None)
+
+        def py(m):
+            mla_launch.mla_decode(m["qn"], m["qp"], m["kv"], m["bt"], m["seq"], 192 ** -0.5, m.get("kvs"),
+                                  max_seq_len or width * bs)
+        # the partials follow the LSE when the LSE is discarded too: all of them in the discard buffer
+        return ("ks_mla_decode", call, py, c, {"~O": ("out", 0), "~LSE": ("lse", 0) if lse else "scratch",
+                                               "~PO": "scratch", "~PLSE": "scratch"})
+
+    yield "mla_split", mla(torch.bfloat16, torch.bfloat16, True)  # 3 sequences on 132 SMs: 4 splits + reduce
+    yield "mla_fp8_no_lse", mla(torch.bfloat16, FP8, False)
+    yield "mla_one_pass_strided_q", mla(torch.float16, torch.float16, True, b=300, q_strided=True)
+    yield "mla_max_seq_len", mla(torch.bfloat16, torch.bfloat16, False, b=64, h=128, max_seq_len=700)
+
+
 def _spy_cases():
-    return [*_rope_spy_cases(), *_kv_spy_cases(), *_attn_spy_cases()]
+    return [*_rope_spy_cases(), *_kv_spy_cases(), *_attn_spy_cases(), *_mla_spy_cases()]
 
 
 @pytest.mark.parametrize("case", [name for name, _ in _spy_cases()])
 def test_cuda_dispatch_matches_the_python_launcher(spy, case):
     so, kernels, compiled = spy
     fn_name, call, py, c, internal = dict(_spy_cases())[case]
-    modules = (attn_launch, rope_launch, kv_launch)
+    modules = (attn_launch, rope_launch, kv_launch, mla_launch)
     _spy_plans(so)
     status = call(so)
     assert status == 0, so.ks_last_error().decode()

@@ -444,7 +444,8 @@ def main(argv=None) -> int:
         enums.append((mod, attr, prefix, dict(getattr(importlib.import_module(mod), attr))))
 
     # 2. record every set (roles), keep the chosen set's launches (variants)
-    kernels = [k for op in ops_mod.OPS for k in op.kernels]
+    # a kernel two ops launch (paged attention's split-KV reduce, also MLA's) is compiled once
+    kernels = list(dict.fromkeys(k for op in ops_mod.OPS for k in op.kernels))
     kernel_index = {(k.module, k.name): i for i, k in enumerate(kernels)}
     recorded_all, chosen = [], []
     t0 = time.time()

@@ -428,6 +428,24 @@ def build_cases() -> list[Case]:
         res = ks.flash_attention_varlen(q, k, v, cu_q, cu_k, 4, 5, causal=bool(causal), return_lse=True, backend=REF)
         c.expect(out=res.out, lse=res.lse)
         cases.append(c)
+
+    # ---- MLA decode: a ragged batch (one empty sequence) over a paged latent cache [C | K_pe]
+    nb, bs, h, r, p = 6, 4, 3, 16, 8
+    for qdt, cdt, tag in ((f32, f32, "f32"), (bf16, FP8, "fp8")):
+        opts = {"scale": 0.25, "kv_lora_rank": r, "rope_dim": p}
+        c = Case(f"mla_decode.{tag}", "mla_decode", opts, {"max_seq_len": 0})
+        qn = c.arg("q_nope", rand(rng, (3, h, r), qdt, 2.0))
+        qp = c.arg("q_pe", rand(rng, (3, h, p), qdt, 2.0))
+        kv = c.arg("kv_cache", rand(rng, (nb, bs, r + p), f32).to(cdt))
+        bt = c.arg("block_table", torch.tensor([[4, 1, 0], [5, 2, 3], [0, 0, 0]], dtype=torch.int32))
+        sl = c.arg("seq_lens", torch.tensor([9, 12, 0], dtype=torch.int32))
+        kv_scale = c.arg("kv_scale", torch.tensor(0.5) if cdt == FP8 else None)
+        c.arg("out", nan_like((3, h, r), qdt))
+        c.arg("lse", nan_like((3, h), f32))
+        res = ks.mla_decode(qn, qp, kv, bt, sl, scale=0.25, kv_lora_rank=r, rope_dim=p, kv_scale=kv_scale,
+                            return_lse=True, backend=REF)
+        c.expect(out=res.out, lse=res.lse)
+        cases.append(c)
     return cases
 
 

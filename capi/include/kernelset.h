@@ -74,7 +74,7 @@ typedef struct {
 
 /* ---- Versioning */
 #define KS_ABI_VERSION_MAJOR 1
-#define KS_ABI_VERSION_MINOR 0
+#define KS_ABI_VERSION_MINOR 1
 
 #if defined(_WIN32)
 #define KS_API __declspec(dllexport)
@@ -124,7 +124,8 @@ enum {
   KS_OP_PAGED_ATTENTION = 18,
   KS_OP_MERGE_ATTN_STATES = 19,
   KS_OP_FLASH_ATTENTION = 20,
-  KS_OP_FLASH_ATTENTION_VARLEN = 21
+  KS_OP_FLASH_ATTENTION_VARLEN = 21,
+  KS_OP_MLA_DECODE = 22          /* ABI 1.1 */
 };
 
 /* ---- Enumerated option values */
@@ -207,10 +208,17 @@ typedef struct {
   float softcap;        /* 0 = none (default) */
 } ks_attention_options;
 
+typedef struct {            /* ABI 1.1 */
+  size_t size;
+  double scale;             /* required, > 0 (0, the default, is refused): DeepSeek's softmax scale */
+  int32_t kv_lora_rank;     /* default 512; must equal q_nope's last dim */
+  int32_t rope_dim;         /* default 64; must equal q_pe's last dim */
+} ks_mla_options;
+
 /* ---- Library */
 KS_API const char *ks_last_error(void);            /* this thread's last error message; "" if none */
 KS_API const char *ks_status_name(ks_status_t s);  /* "KS_ERR_INVALID_ARGUMENT" ... */
-KS_API const char *ks_build_info(void);            /* "kernelset 0.1.0; abi 1.0; cuda: sm_80 sm_89 sm_90 +ptx" */
+KS_API const char *ks_build_info(void);            /* "kernelset 0.1.0; abi 1.1; cuda: sm_80 sm_89 sm_90 +ptx" */
 KS_API void ks_abi_version(int32_t *major, int32_t *minor);
 KS_API ks_status_t ks_options_init(ks_op_t op, void *options, size_t size); /* sets size and defaults */
 
@@ -307,6 +315,22 @@ KS_API ks_status_t ks_flash_attention_varlen(const DLTensor *q, const DLTensor *
                                              DLTensor *out, DLTensor *lse, const ks_attention_options *options,
                                              ks_stream_t stream);
 
+/* ---- MLA decode (DeepSeek-V2/V3 multi-head latent attention, weight-absorbed; ABI 1.1).
+ * s_j = scale (q_nope . c_j + q_pe . k_pe_j), out = softmax(s) C per sequence and head, fp32
+ * accumulation. q_nope [B, H, R] (R = kv_lora_rank), q_pe [B, H, P] (P = rope_dim), float32/16 or
+ * bfloat16, unit-stride last dims; kv_cache [num_blocks, block_size, R + P] (each token's latent c,
+ * then its rotary key) in q's dtype, or float8_e4m3fn with kv_scale (a float32 scalar; NULL for
+ * other caches); block_table [B, max_blocks] int32; seq_lens [B] int32; max_seq_len bounds
+ * seq_lens (0 = the block table's capacity). out [B, H, R] like q_nope (latent space: apply W_UV
+ * after); lse [B, H] float32 or NULL. A sequence of length 0 gets out 0 and lse -inf. On CUDA
+ * the split-KV partials live in the library's per-context scratch buffer (capi/aot/README.md):
+ * make a call of each shape once before capturing it in a CUDA graph (the buffer grows outside
+ * capture), and do not run two calls concurrently on different streams of one context. */
+KS_API ks_status_t ks_mla_decode(const DLTensor *q_nope, const DLTensor *q_pe, const DLTensor *kv_cache,
+                                 const DLTensor *block_table, const DLTensor *seq_lens, int64_t max_seq_len,
+                                 const DLTensor *kv_scale, DLTensor *out, DLTensor *lse,
+                                 const ks_mla_options *options, ks_stream_t stream);
+
 /* ---- The function table: the one entry point a dynamic loader needs. Fields are appended
  * within a major version; check `size` before using a field added in a later minor. */
 typedef struct {
@@ -354,6 +378,9 @@ typedef struct {
   ks_status_t (*flash_attention_varlen)(const DLTensor *, const DLTensor *, const DLTensor *, const DLTensor *,
                                         const DLTensor *, int64_t, int64_t, const DLTensor *, DLTensor *,
                                         DLTensor *, const ks_attention_options *, ks_stream_t);
+  ks_status_t (*mla_decode)(const DLTensor *, const DLTensor *, const DLTensor *, const DLTensor *,
+                            const DLTensor *, int64_t, const DLTensor *, DLTensor *, DLTensor *,
+                            const ks_mla_options *, ks_stream_t); /* ABI 1.1 */
 } ks_api_t;
 
 /* Fills *table with the newest table of ABI `major` whose minor >= min_minor. */

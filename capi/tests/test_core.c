@@ -79,13 +79,14 @@ static void test_versions(void) {
   CHECK(major == KS_ABI_VERSION_MAJOR && minor == KS_ABI_VERSION_MINOR);
   ks_abi_version(NULL, NULL); /* tolerated */
   CHECK(strstr(ks_build_info(), "kernelset ") == ks_build_info());
-  CHECK(strstr(ks_build_info(), "abi 1.0") != NULL);
+  CHECK(strstr(ks_build_info(), "abi 1.1") != NULL);
   CHECK(strstr(ks_build_info(), "cuda: ") != NULL);
 
   const ks_api_t *api = NULL;
   CHECK_OK(ks_get_api(1, 0, &api));
-  CHECK(api != NULL && api->size == sizeof(ks_api_t) && api->abi_major == 1 && api->abi_minor == 0);
+  CHECK(api != NULL && api->size == sizeof(ks_api_t) && api->abi_major == 1 && api->abi_minor == 1);
   CHECK(api && api->rms_norm == ks_rms_norm && api->flash_attention_varlen == ks_flash_attention_varlen);
+  CHECK(api && api->mla_decode == ks_mla_decode); /* ABI 1.1 */
   CHECK(api && api->last_error == ks_last_error && api->query_support == ks_query_support);
   const ks_api_t *none = api;
   CHECK_ERR(ks_get_api(2, 0, &none), KS_ERR_VERSION, "major");

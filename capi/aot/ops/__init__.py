@@ -12,12 +12,13 @@ One module per family; a case that the GPU checks run carries ``gpu`` (its id th
 """
 from __future__ import annotations
 
-from . import activation, attention, embedding, kvcache, loss, norm, rope, softmax
+from . import activation, attention, embedding, kvcache, loss, mla, norm, rope, softmax
 from .base import KernelRef, Op, PolicyRef
 
 OPS: list[Op] = [norm.NORM_FWD, activation.ACT_FWD, softmax.SOFTMAX_FWD, rope.ROPE_FWD, rope.ROPE_EXT,
                  kvcache.RESHAPE_AND_CACHE, kvcache.COPY_BLOCKS, embedding.EMBEDDING_FWD, loss.CE_FWD,
-                 attention.PAGED_ATTENTION, attention.MERGE_ATTN_STATES, attention.FLASH_FWD]
+                 attention.PAGED_ATTENTION, attention.MERGE_ATTN_STATES, attention.FLASH_FWD,
+                 mla.MLA_DECODE]
 
 # enums the C callers need, read from the launch modules: (module, dict attribute, C prefix)
 ENUMS = [("kernelset.ops.activation.launch", "ACTS", "KS_ACT_"),

@@ -87,7 +87,7 @@ def mlp_widths(f) -> tuple:
 
 
 def attention_heads(f) -> tuple | None:
-    """(Hq, Hkv, D) of the paged / flash attention ops; None for MLA (the C ABI has no MLA op)."""
+    """(Hq, Hkv, D) of the paged / flash attention ops; None for MLA (its decode is ops/mla.py)."""
     if f.mla:
         return None
     return f.heads, f.kv_heads, f.head_dim

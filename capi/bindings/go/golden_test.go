@@ -73,6 +73,7 @@ func (o *opts) get(k string, v interface{}) {
 	}
 }
 func (o *opts) f32(k string) float32 { var v float64; o.get(k, &v); return float32(v) }
+func (o *opts) f64(k string) float64 { var v float64; o.get(k, &v); return v }
 func (o *opts) i32(k string) int32   { var v int32; o.get(k, &v); return v }
 func (o *opts) i64(k string) int64   { var v int64; o.get(k, &v); return v }
 func (o *opts) sec(k string) (s [3]int32) {
@@ -123,6 +124,7 @@ func runCase(c goldenCase, ts map[string]*Tensor, order []*Tensor) error {
 		mr   *MropeOptions
 		qk   *QkNormRopeOptions
 		at   *AttentionOptions
+		ml   *MlaOptions
 		err  error
 	)
 	if c.Options != nil {
@@ -181,6 +183,11 @@ func runCase(c goldenCase, ts map[string]*Tensor, order []*Tensor) error {
 				at.Scale, at.Causal, at.Softcap = o.f32("scale"), o.i32("causal"), o.f32("softcap")
 				at.WindowLeft, at.WindowRight = o.i32("window_left"), o.i32("window_right")
 				options = at
+			}
+		case OpMlaDecode:
+			if ml, err = NewMlaOptions(op); err == nil {
+				ml.Scale, ml.KvLoraRank, ml.RopeDim = o.f64("scale"), o.i32("kv_lora_rank"), o.i32("rope_dim")
+				options = ml
 			}
 		default:
 			return fmt.Errorf("options for %s, which takes none", c.Op)
@@ -258,6 +265,9 @@ func runCase(c goldenCase, ts map[string]*Tensor, order []*Tensor) error {
 	case OpFlashAttentionVarlen:
 		return FlashAttentionVarlen(t("q"), t("k"), t("v"), t("cu_seqlens_q"), t("cu_seqlens_k"),
 			c.Scalars["max_seqlen_q"], c.Scalars["max_seqlen_k"], t("sinks"), t("out"), t("lse"), at, s)
+	case OpMlaDecode:
+		return MlaDecode(t("q_nope"), t("q_pe"), t("kv_cache"), t("block_table"), t("seq_lens"),
+			c.Scalars["max_seq_len"], t("kv_scale"), t("out"), t("lse"), ml, s)
 	}
 	return fmt.Errorf("no call for %s", c.Op)
 }

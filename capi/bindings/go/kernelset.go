@@ -111,6 +111,7 @@ const (
 	OpMergeAttnStates      Op = C.KS_OP_MERGE_ATTN_STATES
 	OpFlashAttention       Op = C.KS_OP_FLASH_ATTENTION
 	OpFlashAttentionVarlen Op = C.KS_OP_FLASH_ATTENTION_VARLEN
+	OpMlaDecode            Op = C.KS_OP_MLA_DECODE
 )
 
 // OpNames maps each op to its C name without the ks_ prefix, in id order.
@@ -125,6 +126,7 @@ var OpNames = []struct {
 	{OpMrope, "mrope"}, {OpQkNormRope, "qk_norm_rope"}, {OpReshapeAndCache, "reshape_and_cache"},
 	{OpCopyBlocks, "copy_blocks"}, {OpPagedAttention, "paged_attention"}, {OpMergeAttnStates, "merge_attn_states"},
 	{OpFlashAttention, "flash_attention"}, {OpFlashAttentionVarlen, "flash_attention_varlen"},
+	{OpMlaDecode, "mla_decode"},
 }
 
 // Enumerated option values.
@@ -185,6 +187,7 @@ func VerifyAPITable() error {
 		{"flash_attention", unsafe.Pointer(t.flash_attention), unsafe.Pointer(C.ks_flash_attention)},
 		{"flash_attention_varlen", unsafe.Pointer(t.flash_attention_varlen),
 			unsafe.Pointer(C.ks_flash_attention_varlen)},
+		{"mla_decode", unsafe.Pointer(t.mla_decode), unsafe.Pointer(C.ks_mla_decode)},
 	}
 	for _, p := range pairs {
 		if p.got == nil || p.got != p.want {

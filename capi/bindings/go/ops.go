@@ -311,6 +311,35 @@ func (o *AttentionOptions) c() *C.ks_attention_options {
 
 func (o *AttentionOptions) cOptions() unsafe.Pointer { return unsafe.Pointer(o.c()) }
 
+// MlaOptions: mla_decode. Scale has no default (the library refuses 0).
+type MlaOptions struct {
+	Scale      float64
+	KvLoraRank int32 // 512 by default
+	RopeDim    int32 // 64 by default
+}
+
+func NewMlaOptions(op Op) (*MlaOptions, error) {
+	var c C.ks_mla_options
+	if err := initOptions(op, unsafe.Pointer(&c), unsafe.Sizeof(c)); err != nil {
+		return nil, err
+	}
+	return &MlaOptions{Scale: float64(c.scale), KvLoraRank: int32(c.kv_lora_rank), RopeDim: int32(c.rope_dim)}, nil
+}
+
+func (o *MlaOptions) c() *C.ks_mla_options {
+	if o == nil {
+		return nil
+	}
+	c := new(C.ks_mla_options)
+	c.size = C.size_t(unsafe.Sizeof(*c))
+	c.scale = C.double(o.Scale)
+	c.kv_lora_rank = C.int32_t(o.KvLoraRank)
+	c.rope_dim = C.int32_t(o.RopeDim)
+	return c
+}
+
+func (o *MlaOptions) cOptions() unsafe.Pointer { return unsafe.Pointer(o.c()) }
+
 func keep(ts ...*Tensor) { runtime.KeepAlive(ts) }
 
 // ---- ops: tensors in the C signature's order; nil for an absent optional tensor.
@@ -460,4 +489,14 @@ func FlashAttentionVarlen(q, k, v, cuSeqlensQ, cuSeqlensK *Tensor, maxSeqlenQ, m
 	defer keep(q, k, v, cuSeqlensQ, cuSeqlensK, sinks, out, lse)
 	return check(C.ks_flash_attention_varlen(dl(q), dl(k), dl(v), dl(cuSeqlensQ), dl(cuSeqlensK),
 		C.int64_t(maxSeqlenQ), C.int64_t(maxSeqlenK), dl(sinks), dl(out), dl(lse), o.c(), stream(s)))
+}
+
+// MlaDecode: DeepSeek MLA decode over a paged latent cache. qNope [B, H, R], qPe [B, H, P],
+// kvCache [num_blocks, block_size, R + P] (fp8 e4m3fn with kvScale, else kvScale nil); out
+// [B, H, R]; lse [B, H] or nil. maxSeqLen 0: the block table's capacity.
+func MlaDecode(qNope, qPe, kvCache, blockTable, seqLens *Tensor, maxSeqLen int64, kvScale, out, lse *Tensor,
+	o *MlaOptions, s Stream) error {
+	defer keep(qNope, qPe, kvCache, blockTable, seqLens, kvScale, out, lse)
+	return check(C.ks_mla_decode(dl(qNope), dl(qPe), dl(kvCache), dl(blockTable), dl(seqLens), C.int64_t(maxSeqLen),
+		dl(kvScale), dl(out), dl(lse), o.c(), stream(s)))
 }

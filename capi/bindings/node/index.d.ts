@@ -13,7 +13,7 @@ export type OpName =
   | 'rms_norm' | 'fused_add_rms_norm' | 'layer_norm' | 'silu_and_mul' | 'gelu_and_mul' | 'swiglu' | 'gelu'
   | 'swiglu_oai' | 'softmax' | 'log_softmax' | 'cross_entropy' | 'embedding' | 'rotary_embedding' | 'mrope'
   | 'qk_norm_rope' | 'reshape_and_cache' | 'copy_blocks' | 'paged_attention' | 'merge_attn_states'
-  | 'flash_attention' | 'flash_attention_varlen';
+  | 'flash_attention' | 'flash_attention_varlen' | 'mla_decode';
 
 export type DType = 'float32' | 'float16' | 'bfloat16' | 'float8_e4m3fn' | 'int32' | 'int64' | 'uint8';
 
@@ -64,8 +64,10 @@ export interface QkNormRopeOptions extends MropeOptions { eps?: number; offset?:
 export interface AttentionOptions {
   scale?: number; causal?: number; window_left?: number; window_right?: number; softcap?: number;
 }
+/** scale is required by the library (its default 0 is refused). */
+export interface MlaOptions { scale?: number; kv_lora_rank?: number; rope_dim?: number }
 export type AnyOptions = RmsNormOptions | LayerNormOptions | GeluOptions | SwigluOaiOptions | SoftmaxOptions
-  | CrossEntropyOptions | RopeOptions | MropeOptions | QkNormRopeOptions | AttentionOptions;
+  | CrossEntropyOptions | RopeOptions | MropeOptions | QkNormRopeOptions | AttentionOptions | MlaOptions;
 
 type T = Tensor;
 type OptT = Tensor | null;
@@ -116,3 +118,5 @@ export declare function flashAttention(q: T, k: T, v: T, sinks: OptT, out: T, ls
   options?: AttentionOptions | null, stream?: Stream): void;
 export declare function flashAttentionVarlen(q: T, k: T, v: T, cuSeqlensQ: T, cuSeqlensK: T, maxSeqlenQ: Int,
   maxSeqlenK: Int, sinks: OptT, out: T, lse?: OptT, options?: AttentionOptions | null, stream?: Stream): void;
+export declare function mlaDecode(qNope: T, qPe: T, kvCache: T, blockTable: T, seqLens: T, maxSeqLen: Int,
+  kvScale: OptT, out: T, lse?: OptT, options?: MlaOptions | null, stream?: Stream): void;

@@ -13,7 +13,7 @@ const path = require('node:path');
 const koffi = require('koffi');
 
 const ABI_MAJOR = 1;
-const ABI_MINOR = 0;
+const ABI_MINOR = 1;
 
 // ---- constants (kernelset.h)
 const STATUS = {
@@ -53,6 +53,7 @@ const OPS = {
   KS_OP_MERGE_ATTN_STATES: 19,
   KS_OP_FLASH_ATTENTION: 20,
   KS_OP_FLASH_ATTENTION_VARLEN: 21,
+  KS_OP_MLA_DECODE: 22,
 };
 
 const OPTION_VALUES = {
@@ -122,6 +123,9 @@ const OPTION_TYPES = {
     size: 'size_t', scale: 'float', causal: 'int32_t', window_left: 'int32_t', window_right: 'int32_t',
     softcap: 'float',
   }),
+  ks_mla_options: koffi.struct('ks_mla_options', {
+    size: 'size_t', scale: 'double', kv_lora_rank: 'int32_t', rope_dim: 'int32_t',
+  }),
 };
 
 // Functions called as symbols: the table's entry point and what the table does not hold.
@@ -162,6 +166,7 @@ const API_FIELDS = [
   'ks_status_t merge_attn_states(const DLTensor *out_a, const DLTensor *lse_a, const DLTensor *out_b, const DLTensor *lse_b, DLTensor *out, DLTensor *lse, ks_stream_t stream)',
   'ks_status_t flash_attention(const DLTensor *q, const DLTensor *k, const DLTensor *v, const DLTensor *sinks, DLTensor *out, DLTensor *lse, const ks_attention_options *options, ks_stream_t stream)',
   'ks_status_t flash_attention_varlen(const DLTensor *q, const DLTensor *k, const DLTensor *v, const DLTensor *cu_seqlens_q, const DLTensor *cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, const DLTensor *sinks, DLTensor *out, DLTensor *lse, const ks_attention_options *options, ks_stream_t stream)',
+  'ks_status_t mla_decode(const DLTensor *q_nope, const DLTensor *q_pe, const DLTensor *kv_cache, const DLTensor *block_table, const DLTensor *seq_lens, int64_t max_seq_len, const DLTensor *kv_scale, DLTensor *out, DLTensor *lse, const ks_mla_options *options, ks_stream_t stream)',
 ];
 
 // field name -> koffi prototype (function fields) ; the ks_api_t struct built from API_FIELDS
@@ -346,6 +351,7 @@ const OPTIONS_OF = {
   paged_attention: 'ks_attention_options',
   flash_attention: 'ks_attention_options',
   flash_attention_varlen: 'ks_attention_options',
+  mla_decode: 'ks_mla_options',
 };
 
 const OP_IDS = {};
@@ -529,6 +535,15 @@ function flashAttentionVarlen(q, k, v, cuSeqlensQ, cuSeqlensK, maxSeqlenQ, maxSe
     options('flash_attention_varlen', opts), stream));
 }
 
+/** DeepSeek MLA decode: qNope [B, H, R], qPe [B, H, P], kvCache [num_blocks, block_size, R + P]; opts.scale is
+ * required (the library refuses its default 0). */
+function mlaDecode(qNope, qPe, kvCache, blockTable, seqLens, maxSeqLen, kvScale, out, lse = null, opts = null,
+  stream = null) {
+  check(f().mla_decode(dl(qNope, 'q_nope'), dl(qPe, 'q_pe'), dl(kvCache, 'kv_cache'), dl(blockTable, 'block_table'),
+    dl(seqLens, 'seq_lens'), maxSeqLen, dl(kvScale, 'kv_scale'), dl(out, 'out'), dl(lse, 'lse'),
+    options('mla_decode', opts), stream));
+}
+
 module.exports = {
   ABI_MAJOR,
   ABI_MINOR,
@@ -570,4 +585,5 @@ module.exports = {
   mergeAttnStates,
   flashAttention,
   flashAttentionVarlen,
+  mlaDecode,
 };

@@ -100,6 +100,7 @@ KS_API ks_status_t ks_query_support(ks_op_t op, const DLTensor *const *tensors, 
     Q(KS_OP_MERGE_ATTN_STATES, merge_attn_states)
     Q(KS_OP_FLASH_ATTENTION, flash_attention)
     Q(KS_OP_FLASH_ATTENTION_VARLEN, flash_attention_varlen)
+    Q(KS_OP_MLA_DECODE, mla_decode)
 #undef Q
     default: return ks_fail(KS_ERR_INVALID_ARGUMENT, "op: unknown op id %d", (int)op);
   }
@@ -145,6 +146,7 @@ static const ks_api_t api_v1 = {
     ks_merge_attn_states,
     ks_flash_attention,
     ks_flash_attention_varlen,
+    ks_mla_decode,
 };
 
 KS_API ks_status_t ks_get_api(int32_t major, int32_t min_minor, const ks_api_t **table) {

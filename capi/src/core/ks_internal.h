@@ -179,6 +179,7 @@ KS_QUERY_DECL(paged_attention)
 KS_QUERY_DECL(merge_attn_states)
 KS_QUERY_DECL(flash_attention)
 KS_QUERY_DECL(flash_attention_varlen)
+KS_QUERY_DECL(mla_decode)
 #undef KS_QUERY_DECL
 /* "<op>: expected <want> tensors, got <n>" */
 ks_status_t ks_query_arity(int32_t n, int32_t want, const char *op);

@@ -34,6 +34,8 @@ static const field qk_fields[] = {F(ks_qk_norm_rope_options, size), F(ks_qk_norm
 static const field attn_fields[] = {F(ks_attention_options, size), F(ks_attention_options, scale),
                                     F(ks_attention_options, causal), F(ks_attention_options, window_left),
                                     F(ks_attention_options, window_right), F(ks_attention_options, softcap)};
+static const field mla_fields[] = {F(ks_mla_options, size), F(ks_mla_options, scale),
+                                   F(ks_mla_options, kv_lora_rank), F(ks_mla_options, rope_dim)};
 #undef F
 
 typedef struct {
@@ -71,6 +73,7 @@ static options_info info_of(ks_op_t op) {
     NONE(KS_OP_MERGE_ATTN_STATES, "merge_attn_states")
     CASE(KS_OP_FLASH_ATTENTION, "flash_attention", ks_attention_options, attn_fields)
     CASE(KS_OP_FLASH_ATTENTION_VARLEN, "flash_attention_varlen", ks_attention_options, attn_fields)
+    CASE(KS_OP_MLA_DECODE, "mla_decode", ks_mla_options, mla_fields)
 #undef CASE
 #undef NONE
     default: break;
@@ -134,6 +137,11 @@ static void defaults(ks_op_t op, void *d) {
     case KS_OP_FLASH_ATTENTION:
     case KS_OP_FLASH_ATTENTION_VARLEN: {
       ks_attention_options o = {sizeof o, 0.0f, op == KS_OP_PAGED_ATTENTION, -1, -1, 0.0f};
+      memcpy(d, &o, sizeof o);
+      break;
+    }
+    case KS_OP_MLA_DECODE: { /* kernelset.ops.mla.api.mla_decode's defaults; scale has none */
+      ks_mla_options o = {sizeof o, 0.0, 512, 64};
       memcpy(d, &o, sizeof o);
       break;
     }

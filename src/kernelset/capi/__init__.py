@@ -32,7 +32,7 @@ __all__ = [
     "rms_norm", "fused_add_rms_norm", "layer_norm", "silu_and_mul", "gelu_and_mul", "swiglu", "gelu", "swiglu_oai",
     "softmax", "log_softmax", "cross_entropy", "embedding", "rotary_embedding", "mrope", "qk_norm_rope",
     "reshape_and_cache", "copy_blocks", "paged_attention_workspace_size", "paged_attention", "merge_attn_states",
-    "flash_attention", "flash_attention_varlen",
+    "flash_attention", "flash_attention_varlen", "mla_decode",
 ]
 
 _LIB_NAME = "libkernelset.so"
@@ -526,4 +526,20 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     _call("ks_flash_attention_varlen", _dl(q, keep), _dl(k, keep), _dl(v, keep), _dl(cu_seqlens_q, keep),
           _dl(cu_seqlens_k, keep), max_seqlen_q, max_seqlen_k, _dl(sinks, keep), _dl(out, keep), _dl(lse, keep),
           _addr(o), _stream(stream, q))
+    return (out, lse) if lse is not None else out
+
+
+def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, max_seq_len: int = 0, kv_scale=None, *, out=None,
+               lse=None, return_lse: bool = False, scale: float = 0.0, kv_lora_rank: int = 512, rope_dim: int = 64,
+               stream=None, options=None):
+    """ks_mla_decode: q_nope [B, H, R], q_pe [B, H, P]; out [B, H, R]; lse [B, H]. ``scale`` is
+    required (the library refuses its default 0); returns out, or (out, lse) when lse is given or
+    return_lse."""
+    lse_shape = tuple(q_nope.shape[:2]) if isinstance(q_nope, torch.Tensor) else ()
+    out, lse = _attn_out(q_nope, q_nope, lse_shape, out, lse, return_lse)
+    o = _opts("mla_decode", options, scale=scale, kv_lora_rank=kv_lora_rank, rope_dim=rope_dim)
+    keep: list = []
+    _call("ks_mla_decode", _dl(q_nope, keep), _dl(q_pe, keep), _dl(kv_cache, keep), _dl(block_table, keep),
+          _dl(seq_lens, keep), max_seq_len, _dl(kv_scale, keep), _dl(out, keep), _dl(lse, keep), _addr(o),
+          _stream(stream, q_nope))
     return (out, lse) if lse is not None else out

@@ -4,9 +4,9 @@ against the header compiled by a C compiler."""
 from __future__ import annotations
 
 import ctypes
-from ctypes import POINTER, c_char_p, c_float, c_int32, c_int64, c_size_t, c_uint8, c_uint16, c_uint64, c_void_p
+from ctypes import POINTER, c_char_p, c_double, c_float, c_int32, c_int64, c_size_t, c_uint8, c_uint16, c_uint64, c_void_p
 
-ABI_MAJOR, ABI_MINOR = 1, 0
+ABI_MAJOR, ABI_MINOR = 1, 1
 
 # ---- DLPack
 
@@ -42,6 +42,7 @@ OPS = {
     "gelu": 7, "swiglu_oai": 8, "softmax": 9, "log_softmax": 10, "cross_entropy": 11, "embedding": 12,
     "rotary_embedding": 13, "mrope": 14, "qk_norm_rope": 15, "reshape_and_cache": 16, "copy_blocks": 17,
     "paged_attention": 18, "merge_attn_states": 19, "flash_attention": 20, "flash_attention_varlen": 21,
+    "mla_decode": 22,
 }
 
 NORM_CAST = {"llama": 0, "gemma": 1}
@@ -96,12 +97,16 @@ class AttentionOptions(ctypes.Structure):
                 ("window_right", c_int32), ("softcap", c_float)]
 
 
+class MlaOptions(ctypes.Structure):
+    _fields_ = [("size", c_size_t), ("scale", c_double), ("kv_lora_rank", c_int32), ("rope_dim", c_int32)]
+
+
 OPTIONS = {  # op -> its option struct (ops absent here take none)
     "rms_norm": RmsNormOptions, "fused_add_rms_norm": RmsNormOptions, "layer_norm": LayerNormOptions,
     "gelu_and_mul": GeluOptions, "gelu": GeluOptions, "swiglu_oai": SwigluOaiOptions, "softmax": SoftmaxOptions,
     "log_softmax": SoftmaxOptions, "cross_entropy": CrossEntropyOptions, "rotary_embedding": RopeOptions,
     "mrope": MropeOptions, "qk_norm_rope": QkNormRopeOptions, "paged_attention": AttentionOptions,
-    "flash_attention": AttentionOptions, "flash_attention_varlen": AttentionOptions,
+    "flash_attention": AttentionOptions, "flash_attention_varlen": AttentionOptions, "mla_decode": MlaOptions,
 }
 
 # ---- prototypes: name -> (restype, argtypes). Tensors are POINTER(DLTensor) (None = NULL),
@@ -142,6 +147,7 @@ FUNCTIONS = {
     "ks_merge_attn_states": (_S, [_T, _T, _T, _T, _T, _T, _V]),
     "ks_flash_attention": (_S, [_T, _T, _T, _T, _T, _T, _V, _V]),
     "ks_flash_attention_varlen": (_S, [_T, _T, _T, _T, _T, _I64, _I64, _T, _T, _T, _V, _V]),
+    "ks_mla_decode": (_S, [_T, _T, _T, _T, _T, _I64, _T, _T, _T, _V, _V]),
 }
 
 # ks_api_t: the fields after (size, abi_major, abi_minor), in order
@@ -149,7 +155,7 @@ API_TABLE = ["last_error", "status_name", "build_info", "options_init", "query_s
              "fused_add_rms_norm", "layer_norm", "silu_and_mul", "gelu_and_mul", "swiglu", "gelu", "swiglu_oai",
              "softmax", "log_softmax", "cross_entropy", "embedding", "rotary_embedding", "mrope", "qk_norm_rope",
              "reshape_and_cache", "copy_blocks", "paged_attention_workspace_size", "paged_attention",
-             "merge_attn_states", "flash_attention", "flash_attention_varlen"]
+             "merge_attn_states", "flash_attention", "flash_attention_varlen", "mla_decode"]
 
 
 class ApiTable(ctypes.Structure):

@@ -133,6 +133,9 @@ function call(c, t, list) {
     case 'flash_attention_varlen':
       return ks.flashAttentionVarlen(t.q, t.k, t.v, t.cu_seqlens_q, t.cu_seqlens_k, sc.max_seqlen_q, sc.max_seqlen_k,
         t.sinks, t.out, t.lse, o);
+    case 'mla_decode':
+      return ks.mlaDecode(t.q_nope, t.q_pe, t.kv_cache, t.block_table, t.seq_lens, sc.max_seq_len, t.kv_scale, t.out,
+        t.lse, o);
     default: throw new Error(`no call for ${c.op}`);
   }
 }

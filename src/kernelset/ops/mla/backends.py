@@ -59,8 +59,8 @@ declare_op(OpSpec(
            BenchCase((64, 4096, 128, 512, 64, 64, 8), "fwd", graph=True),
            BenchCase((64, 4096, 16, 512, 64, 64, 16), "fwd", graph=True),
            BenchCase((4, 32768, 128, 512, 64, 64, 16), "fwd", graph=True)),
-    # joins the C ABI in a later minor version (the header's ops are fixed for 1.0)
-    c_abi=False, differentiable=False,
+    c_abi=True,  # ks_mla_decode, since ABI 1.1
+    differentiable=False,
 ))
 
 

@@ -15,7 +15,7 @@ from ...core import config
 from ...core.alloc import empty
 from ...core.tuning import TuningStack
 from ..attention.kernels import _paged_attn_reduce_kernel
-from ..attention.launch import sm_count
+from ..attention.launch import ReduceLaunch, sm_count
 from ..triton_launch import FastKernel
 from .kernels import _mla_decode_fwd_kernel
 
@@ -64,7 +64,8 @@ class MlaLaunch:
 @functools.lru_cache(maxsize=4096)
 def mla_policy(batch: int, heads: int, rank: int, rope_dim: int, max_keys: int, sms: int, fp8: bool = False,
                tuning: MlaTuning = MlaTuning()) -> MlaLaunch:
-    block_r, block_p = _pow2(rank), max(16, _pow2(rope_dim))
+    block_r = _pow2(rank)
+    block_p = max(16, _pow2(rope_dim))
     # tl.dot needs M >= 16; 64 heads x 512 fp32 accumulators are 128 registers per thread at 8 warps
     block_h = tuning.block_h or min(64, max(16, _pow2(heads)))
     # measured on an H100 (scripts/mla_tune.py, docs/benchmarks/2026-11-23-h100-s3): 64 tokens per
@@ -85,9 +86,15 @@ def mla_policy(batch: int, heads: int, rank: int, rope_dim: int, max_keys: int, 
     warps = tuning.num_warps or (8 if block_h * block_r >= 32 * 512 else 4)
     # fp8 caches: one stage measured 8% faster than two at 64-head tiles (the e4m3 widening
     # between load and dot leaves nothing for a second buffer to hide)
-    stages = 1 if fp8 and block_h >= 64 else 2
+    stages = (1 if block_h >= 64 else 2) if fp8 else 2  # (nested: the C translation takes no `and` of ints)
     return MlaLaunch(block_h, block_n, block_r, block_p, head_tiles, splits, partition, warps,
                      tuning.num_stages or stages, tuning.lazy)
+
+
+def mla_reduce_policy(splits: int) -> ReduceLaunch:
+    """_paged_attn_reduce_kernel over MLA's partials: one program per (sequence, head) merges its
+    ``splits`` partials of R values (R = 512 in every DeepSeek model: 4 warps)."""
+    return ReduceLaunch(_pow2(splits), 4)
 
 
 def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, kv_scale, max_seq_len):
@@ -116,6 +123,7 @@ def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, kv_scale, m
          block_table.stride(0), R=r, P=p_dim, BS=bs, BLOCK_H=p.block_h, BLOCK_N=p.block_n, BLOCK_R=p.block_r,
          BLOCK_P=p.block_p, SPLITS=p.splits, LAZY=p.lazy, FP8=fp8, F32=f32, num_warps=p.num_warps, num_stages=p.num_stages)
     if p.splits > 1:
-        _reduce((b * h,), po, plse, None, out, lse, p.splits, D=r, BLOCK_S=_pow2(p.splits),
-                BLOCK_D=p.block_r, HAS_SINKS=False, Hq=h, num_warps=4)
+        red = mla_reduce_policy(p.splits)
+        _reduce((b * h,), po, plse, None, out, lse, p.splits, D=r, BLOCK_S=red.block_s,
+                BLOCK_D=p.block_r, HAS_SINKS=False, Hq=h, num_warps=red.num_warps)
     return out, lse

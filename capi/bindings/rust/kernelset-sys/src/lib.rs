@@ -57,7 +57,7 @@ pub struct DLTensor {
 // ---- versioning, status codes, op ids
 
 pub const KS_ABI_VERSION_MAJOR: i32 = 1;
-pub const KS_ABI_VERSION_MINOR: i32 = 0;
+pub const KS_ABI_VERSION_MINOR: i32 = 1;
 
 pub type ks_status_t = i32;
 pub const KS_OK: ks_status_t = 0;
@@ -97,6 +97,7 @@ pub const KS_OP_PAGED_ATTENTION: ks_op_t = 18;
 pub const KS_OP_MERGE_ATTN_STATES: ks_op_t = 19;
 pub const KS_OP_FLASH_ATTENTION: ks_op_t = 20;
 pub const KS_OP_FLASH_ATTENTION_VARLEN: ks_op_t = 21;
+pub const KS_OP_MLA_DECODE: ks_op_t = 22;
 
 pub const KS_NORM_CAST_LLAMA: i32 = 0;
 pub const KS_NORM_CAST_GEMMA: i32 = 1;
@@ -200,6 +201,15 @@ pub struct ks_attention_options {
     pub window_left: i32,
     pub window_right: i32,
     pub softcap: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ks_mla_options {
+    pub size: usize,
+    pub scale: f64,
+    pub kv_lora_rank: i32,
+    pub rope_dim: i32,
 }
 
 // ---- the function table (fields appended within a major version; check `size`)
@@ -384,6 +394,21 @@ pub struct ks_api_t {
             *mut DLTensor,
             *mut DLTensor,
             *const ks_attention_options,
+            ks_stream_t,
+        ) -> ks_status_t,
+    >,
+    pub mla_decode: Option<
+        unsafe extern "C" fn(
+            *const DLTensor,
+            *const DLTensor,
+            *const DLTensor,
+            *const DLTensor,
+            *const DLTensor,
+            i64,
+            *const DLTensor,
+            *mut DLTensor,
+            *mut DLTensor,
+            *const ks_mla_options,
             ks_stream_t,
         ) -> ks_status_t,
     >,
@@ -582,6 +607,19 @@ extern "C" {
         out: *mut DLTensor,
         lse: *mut DLTensor,
         options: *const ks_attention_options,
+        stream: ks_stream_t,
+    ) -> ks_status_t;
+    pub fn ks_mla_decode(
+        q_nope: *const DLTensor,
+        q_pe: *const DLTensor,
+        kv_cache: *const DLTensor,
+        block_table: *const DLTensor,
+        seq_lens: *const DLTensor,
+        max_seq_len: i64,
+        kv_scale: *const DLTensor,
+        out: *mut DLTensor,
+        lse: *mut DLTensor,
+        options: *const ks_mla_options,
         stream: ks_stream_t,
     ) -> ks_status_t;
 

@@ -34,10 +34,11 @@ pub enum Op {
     MergeAttnStates = sys::KS_OP_MERGE_ATTN_STATES,
     FlashAttention = sys::KS_OP_FLASH_ATTENTION,
     FlashAttentionVarlen = sys::KS_OP_FLASH_ATTENTION_VARLEN,
+    MlaDecode = sys::KS_OP_MLA_DECODE,
 }
 
 impl Op {
-    pub const ALL: [Op; 21] = [
+    pub const ALL: [Op; 22] = [
         Op::RmsNorm,
         Op::FusedAddRmsNorm,
         Op::LayerNorm,
@@ -59,6 +60,7 @@ impl Op {
         Op::MergeAttnStates,
         Op::FlashAttention,
         Op::FlashAttentionVarlen,
+        Op::MlaDecode,
     ];
 
     /// The op's C name without the `ks_` prefix ("rms_norm").
@@ -85,6 +87,7 @@ impl Op {
             Op::MergeAttnStates => "merge_attn_states",
             Op::FlashAttention => "flash_attention",
             Op::FlashAttentionVarlen => "flash_attention_varlen",
+            Op::MlaDecode => "mla_decode",
         }
     }
 
@@ -97,6 +100,7 @@ pub use sys::ks_attention_options as AttentionOptions;
 pub use sys::ks_cross_entropy_options as CrossEntropyOptions;
 pub use sys::ks_gelu_options as GeluOptions;
 pub use sys::ks_layer_norm_options as LayerNormOptions;
+pub use sys::ks_mla_options as MlaOptions;
 pub use sys::ks_mrope_options as MropeOptions;
 pub use sys::ks_qk_norm_rope_options as QkNormRopeOptions;
 pub use sys::ks_rms_norm_options as RmsNormOptions;
@@ -123,6 +127,7 @@ impl OpOptions for RopeOptions {}
 impl OpOptions for MropeOptions {}
 impl OpOptions for QkNormRopeOptions {}
 impl OpOptions for AttentionOptions {}
+impl OpOptions for MlaOptions {}
 
 fn opt_ptr<T>(o: Option<&T>) -> *const T {
     o.map_or(ptr::null(), |o| o as *const T)
@@ -470,6 +475,44 @@ pub fn flash_attention_varlen(
             max_seqlen_q,
             max_seqlen_k,
             sk.ptr(),
+            &mut od,
+            ld.ptr_mut(),
+            opt_ptr(options),
+            stream.0,
+        )
+    })
+}
+
+/// MLA decode (DeepSeek-V2/V3, weight-absorbed) over a paged latent cache: q_nope [B, H, R],
+/// q_pe [B, H, P], kv_cache [num_blocks, block_size, R + P] (fp8 e4m3fn with `kv_scale`), out
+/// [B, H, R]; `options` must carry the scale (the defaults have none).
+#[allow(clippy::too_many_arguments)]
+pub fn mla_decode(
+    q_nope: &Tensor,
+    q_pe: &Tensor,
+    kv_cache: &Tensor,
+    block_table: &Tensor,
+    seq_lens: &Tensor,
+    max_seq_len: i64,
+    kv_scale: Option<&Tensor>,
+    out: &mut TensorMut,
+    lse: Option<&mut TensorMut>,
+    options: Option<&MlaOptions>,
+    stream: Stream,
+) -> Result<()> {
+    let (qn, qp, kv) = (q_nope.dl_tensor(), q_pe.dl_tensor(), kv_cache.dl_tensor());
+    let (bt, sl, ks) = (block_table.dl_tensor(), seq_lens.dl_tensor(), Opt::of(kv_scale));
+    let mut od = out.dl_tensor();
+    let mut ld = Opt(lse.map(|t| t.dl_tensor()));
+    check(unsafe {
+        sys::ks_mla_decode(
+            &qn,
+            &qp,
+            &kv,
+            &bt,
+            &sl,
+            max_seq_len,
+            ks.ptr(),
             &mut od,
             ld.ptr_mut(),
             opt_ptr(options),

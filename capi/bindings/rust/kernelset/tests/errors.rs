@@ -185,7 +185,7 @@ fn the_function_table_is_the_linked_library() {
           mrope => ks_mrope, qk_norm_rope => ks_qk_norm_rope, reshape_and_cache => ks_reshape_and_cache,
           copy_blocks => ks_copy_blocks, paged_attention_workspace_size => ks_paged_attention_workspace_size,
           paged_attention => ks_paged_attention, merge_attn_states => ks_merge_attn_states,
-          flash_attention => ks_flash_attention, flash_attention_varlen => ks_flash_attention_varlen);
+          flash_attention => ks_flash_attention, flash_attention_varlen => ks_flash_attention_varlen, mla_decode => ks_mla_decode);
     // and a call through the table behaves as the direct one
     let name = unsafe { std::ffi::CStr::from_ptr((t.status_name.unwrap())(sys::KS_ERR_VERSION)) };
     assert_eq!(name.to_str().unwrap(), "KS_ERR_VERSION");

@@ -20,6 +20,10 @@ impl<'a> Opts<'a> {
         self.used.borrow_mut().insert(k.into());
         self.json[k].as_f64() as f32
     }
+    fn f64(&self, k: &str) -> f64 {
+        self.used.borrow_mut().insert(k.into());
+        self.json[k].as_f64()
+    }
     fn i(&self, k: &str) -> i32 {
         self.used.borrow_mut().insert(k.into());
         self.json[k].as_i64() as i32
@@ -52,6 +56,7 @@ enum AnyOptions {
     Mrope(MropeOptions),
     Qk(QkNormRopeOptions),
     Attn(AttentionOptions),
+    Mla(MlaOptions),
 }
 
 fn options_of(op: Op, json: &Json) -> Result<(AnyOptions, Vec<String>)> {
@@ -116,6 +121,11 @@ fn options_of(op: Op, json: &Json) -> Result<(AnyOptions, Vec<String>)> {
             (v.window_left, v.window_right) = (o.i("window_left"), o.i("window_right"));
             AnyOptions::Attn(v)
         }
+        Op::MlaDecode => {
+            let mut v = MlaOptions::defaults(op)?;
+            (v.scale, v.kv_lora_rank, v.rope_dim) = (o.f64("scale"), o.i("kv_lora_rank"), o.i("rope_dim"));
+            AnyOptions::Mla(v)
+        }
         _ => panic!("{}: options given to an op without options", op.name()),
     };
     Ok((any, o.unused()))
@@ -134,6 +144,7 @@ fn query(op: Op, tensors: &[Option<&dyn AsDLTensor>], o: &AnyOptions) -> Result<
         AnyOptions::Mrope(v) => query_support(op, tensors, Some(v)),
         AnyOptions::Qk(v) => query_support(op, tensors, Some(v)),
         AnyOptions::Attn(v) => query_support(op, tensors, Some(v)),
+        AnyOptions::Mla(v) => query_support(op, tensors, Some(v)),
     }
 }
 
@@ -313,6 +324,22 @@ fn run(op: Op, case: &Json, args: &mut [Arg]) -> Result<()> {
                 &mut m("out"),
                 lse.as_mut(),
                 opt!(options, Attn),
+                s,
+            )
+        }
+        Op::MlaDecode => {
+            let mut lse = mo("lse");
+            mla_decode(
+                r("q_nope"),
+                r("q_pe"),
+                r("kv_cache"),
+                r("block_table"),
+                r("seq_lens"),
+                sc("max_seq_len"),
+                ro("kv_scale"),
+                &mut m("out"),
+                lse.as_mut(),
+                opt!(options, Mla),
                 s,
             )
         }

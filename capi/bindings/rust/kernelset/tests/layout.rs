@@ -54,6 +54,7 @@ fn structs_match_the_frozen_layout() {
         }
     );
     layout!(doc, ks_attention_options { size, scale, causal, window_left, window_right, softcap });
+    layout!(doc, ks_mla_options { size, scale, kv_lora_rank, rope_dim });
     layout!(
         doc,
         ks_api_t {
@@ -86,7 +87,8 @@ fn structs_match_the_frozen_layout() {
             paged_attention,
             merge_attn_states,
             flash_attention,
-            flash_attention_varlen
+            flash_attention_varlen,
+            mla_decode
         }
     );
     for (name, v) in doc["enums"].as_object() {
