@@ -1,5 +1,6 @@
-/* attention.c: paged_attention (+ its workspace size), merge_attn_states, flash_attention and
- * flash_attention_varlen.
+/* attention.c: paged_attention (+ its workspace size) and merge_attn_states, and what flash.c
+ * (flash_attention, flash_attention_varlen) shares with them through attention.h: the options,
+ * small checks and the CPU row kernel.
  *
  * Semantics: kernelset.ops.attention (api.py, reference.py), FlashAttention's conventions. A query
  * row at absolute position p of a sequence with keys 0..L-1 sees key j iff j <= p + right and
@@ -26,18 +27,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "kv_cache.h"
+#include "attention.h"
 #include "ks_cuda_ops.h"
 
 /* ---- options */
 
-typedef struct {
-  double scale, softcap; /* the default scale 1/sqrt(D) in double, as Python computes it */
-  int causal;
-  int64_t left, right; /* effective: right = 0 under causal; -1 unbounded */
-} attn_opts;
-
-static ks_status_t read_attn_options(ks_op_t op, const ks_attention_options *user, int64_t head_dim, attn_opts *a) {
+ks_status_t ks_attn_read_options(ks_op_t op, const ks_attention_options *user, int64_t head_dim, attn_opts *a) {
   ks_attention_options o;
   KS_TRY(ks_read_options(op, user, &o, sizeof o, "options")); /* NULL: the defaults */
   if (o.scale != 0.0f && !(o.scale > 0.0f && isfinite(o.scale)))
@@ -64,7 +59,7 @@ static ks_status_t read_attn_options(ks_op_t op, const ks_attention_options *use
 /* ---- small checks */
 
 /* v has exactly the given shape ("what" says why) */
-static ks_status_t check_shape(const ks_view *v, int32_t ndim, const int64_t *shape, const char *what) {
+ks_status_t ks_attn_check_shape(const ks_view *v, int32_t ndim, const int64_t *shape, const char *what) {
   char sb[160], want[160];
   int ok = v->ndim == ndim;
   for (int32_t d = 0; ok && d < ndim; d++) ok = v->shape[d] == shape[d];
@@ -77,35 +72,24 @@ static ks_status_t check_shape(const ks_view *v, int32_t ndim, const int64_t *sh
                  ks_ops_shape_str(&tmp, want, sizeof want), what, ks_ops_shape_str(v, sb, sizeof sb));
 }
 
-static ks_status_t check_sinks(ks_call *c, ks_view *s, const DLTensor *t, int64_t hq) {
+ks_status_t ks_attn_check_sinks(ks_call *c, ks_view *s, const DLTensor *t, int64_t hq) {
   KS_TRY(ks_view_make(c, s, "sinks", t, KS_OPTIONAL));
   if (!s->present) return KS_OK;
   KS_TRY(ks_check_dtype(s, KS_BIT(KS_DT_F32)));
   const int64_t shape[1] = {hq};
-  return check_shape(s, 1, shape, "one logit per query head");
+  return ks_attn_check_shape(s, 1, shape, "one logit per query head");
 }
 
-static ks_status_t check_lse(ks_call *c, ks_view *l, const DLTensor *t, int32_t ndim, const int64_t *shape,
-                             const char *what) {
+ks_status_t ks_attn_check_lse(ks_call *c, ks_view *l, const DLTensor *t, int32_t ndim, const int64_t *shape,
+                              const char *what) {
   KS_TRY(ks_view_make(c, l, "lse", t, KS_OPTIONAL));
   if (!l->present) return KS_OK;
   KS_TRY(ks_check_dtype(l, KS_BIT(KS_DT_F32)));
-  KS_TRY(check_shape(l, ndim, shape, what));
+  KS_TRY(ks_attn_check_shape(l, ndim, shape, what));
   return ks_check_no_overlap(l);
 }
 
 /* ---- the CPU row kernel */
-
-/* Where the keys and values of one sequence live: dense (key j at base + j * tok + hk * head) or
- * paged (key j in block block_table[row, j / bs] at offset j % bs). */
-typedef struct {
-  const ks_view *k, *v;
-  float k_scale, v_scale; /* fp8 dequantization (1 otherwise) */
-  int paged;
-  int64_t k_base, v_base, k_tok, v_tok, k_head, v_head;
-  const ks_view *bt;
-  int64_t bt_row, bs;
-} kv_src;
 
 static int64_t kv_offset(const kv_src *s, const ks_view *x, int64_t base, int64_t tok, int64_t head, int64_t j,
                          int64_t hk) {
@@ -114,13 +98,6 @@ static int64_t kv_offset(const kv_src *s, const ks_view *x, int64_t base, int64_
       ks_load_index(s->bt->data, s->bt->dtype, s->bt_row * s->bt->strides[0] + (j / s->bs) * s->bt->strides[1]);
   return blk * x->strides[0] + (j % s->bs) * x->strides[1] + hk * x->strides[2];
 }
-
-typedef struct {
-  int64_t D, Dv;
-  float scale, softcap;
-  int has_sink;
-  float sink;
-} row_params;
 
 /* out[0..Dv) = softmax-weighted values of keys [lo, hi) for query row q[0..D) (fp32), online
  * softmax; returns lse. */
@@ -178,17 +155,8 @@ static void visible(const attn_opts *a, int64_t p, int64_t L, int64_t *lo, int64
   *hi = h1;
 }
 
-/* Query rows [t0, t0 + n) of q (token stride, head stride) against the keys of s (L of them):
- * writes out rows (same strides convention) and lse (element offset of (t, h) given by lse_t,
- * lse_h, or no lse). */
-typedef struct {
-  const ks_view *q, *out, *lse, *sinks;
-  int64_t hq, g, lse_base, lse_t, lse_h;
-  float *qbuf, *obuf;
-} rows_io;
-
-static void attend_rows(const rows_io *io, const kv_src *s, const attn_opts *a, row_params rp, int64_t t0, int64_t n,
-                        int64_t L) {
+void ks_attn_rows(const rows_io *io, const kv_src *s, const attn_opts *a, row_params rp, int64_t t0, int64_t n,
+                  int64_t L) {
   for (int64_t i = 0; i < n; i++) {
     const int64_t t = t0 + i, p = L - n + i;
     int64_t lo, hi;
@@ -207,7 +175,7 @@ static void attend_rows(const rows_io *io, const kv_src *s, const attn_opts *a, 
   }
 }
 
-static ks_status_t alloc_rows(rows_io *io, int64_t D, int64_t Dv, const char *op) {
+ks_status_t ks_attn_alloc_rows(rows_io *io, int64_t D, int64_t Dv, const char *op) {
   const size_t n = (size_t)D + (size_t)Dv;
   io->qbuf = malloc(n * sizeof(float));
   if (!io->qbuf) return ks_fail(KS_ERR_OUT_OF_MEMORY, "%s: could not allocate %zu bytes of CPU scratch", op, n * 4);
@@ -310,7 +278,7 @@ static ks_status_t check_paged_data(const paged_problem *p) {
   return KS_OK;
 }
 
-static ks_status_t check_unit_stride(const ks_view *v) {
+ks_status_t ks_attn_check_unit_stride(const ks_view *v) {
   if (v->present && v->ndim == 1 && v->shape[0] > 1 && v->strides[0] != 1)
     return ks_fail(KS_ERR_UNSUPPORTED_LAYOUT, "%s: expected contiguous on CUDA, got stride %lld", v->name,
                    (long long)v->strides[0]);
@@ -327,9 +295,9 @@ static ks_status_t paged_cuda(ks_call *c, const paged_problem *p) {
   if (p->bt.shape[1] > 1 && p->bt.strides[1] != 1)
     return ks_fail(KS_ERR_UNSUPPORTED_LAYOUT, "block_table: expected unit-stride rows on CUDA, got stride %lld",
                    (long long)p->bt.strides[1]);
-  KS_TRY(check_unit_stride(&p->lens));
-  KS_TRY(check_unit_stride(&p->cu));
-  KS_TRY(check_unit_stride(&p->sinks));
+  KS_TRY(ks_attn_check_unit_stride(&p->lens));
+  KS_TRY(ks_attn_check_unit_stride(&p->cu));
+  KS_TRY(ks_attn_check_unit_stride(&p->sinks));
   const int64_t ws_bytes = p->ws.present ? p->ws.numel : 0;
   KS_CUDA_DISPATCH(c, paged_attention, p->q.dtype, p->kc.dtype, ks_dev_ptr(c, &p->q), ks_dev_ptr(c, &p->kc),
                    ks_dev_ptr(c, &p->vc), ks_dev_ptr(c, &p->bt), ks_dev_ptr(c, &p->lens), ks_dev_ptr(c, &p->cu),
@@ -399,7 +367,7 @@ static ks_status_t run_paged_attention(ks_call *c, const DLTensor *q, const DLTe
   } else {
     KS_TRY(ks_check_dtype(&p.cu, KS_BIT(KS_DT_I32)));
     const int64_t shape[1] = {p.B + 1};
-    KS_TRY(check_shape(&p.cu, 1, shape, "B + 1 offsets"));
+    KS_TRY(ks_attn_check_shape(&p.cu, 1, shape, "B + 1 offsets"));
     if (max_seqlen_q < 1)
       return ks_fail(KS_ERR_INVALID_ARGUMENT, "max_seqlen_q: expected >= 1 with cu_seqlens_q, got %lld",
                      (long long)max_seqlen_q);
@@ -410,17 +378,17 @@ static ks_status_t run_paged_attention(ks_call *c, const DLTensor *q, const DLTe
                    (long long)max_seq_len);
   const int64_t capacity = p.bt.shape[1] * p.bs;
   p.max_keys = max_seq_len == 0 || max_seq_len > capacity ? capacity : max_seq_len;
-  KS_TRY(read_attn_options(KS_OP_PAGED_ATTENTION, options, p.D, &p.a));
-  KS_TRY(check_sinks(c, &p.sinks, sinks, p.hq));
+  KS_TRY(ks_attn_read_options(KS_OP_PAGED_ATTENTION, options, p.D, &p.a));
+  KS_TRY(ks_attn_check_sinks(c, &p.sinks, sinks, p.hq));
   KS_TRY(ks_kv_check_scale(c, &p.ks, "k_scale", k_scale, &p.kc, "k_cache"));
   KS_TRY(ks_kv_check_scale(c, &p.vs, "v_scale", v_scale, &p.vc, "v_cache"));
   KS_TRY(ks_view_make(c, &p.out, "out", out, KS_REQUIRED));
   KS_TRY(ks_check_same_dtype(&p.q, &p.out));
-  KS_TRY(check_shape(&p.out, 3, p.q.shape, "like q"));
+  KS_TRY(ks_attn_check_shape(&p.out, 3, p.q.shape, "like q"));
   KS_TRY(ks_check_inner_contiguous(&p.out));
   KS_TRY(ks_check_no_overlap(&p.out));
   const int64_t lse_shape[2] = {p.T, p.hq};
-  KS_TRY(check_lse(c, &p.lse, lse, 2, lse_shape, "[T, Hq]"));
+  KS_TRY(ks_attn_check_lse(c, &p.lse, lse, 2, lse_shape, "[T, Hq]"));
   KS_TRY(ks_view_make(c, &p.ws, "workspace", workspace, KS_OPTIONAL));
   if (p.ws.present) {
     KS_TRY(ks_check_dtype(&p.ws, KS_BIT(KS_DT_U8)));
@@ -431,7 +399,7 @@ static ks_status_t run_paged_attention(ks_call *c, const DLTensor *q, const DLTe
   KS_TRY(check_paged_data(&p));
   if (p.T == 0 || p.hq == 0) return KS_OK;
   rows_io io = {&p.q, &p.out, &p.lse, &p.sinks, p.hq, p.hq / p.hkv, 0, p.lse.strides[0], p.lse.strides[1], NULL, NULL};
-  KS_TRY(alloc_rows(&io, p.D, p.D, "paged_attention"));
+  KS_TRY(ks_attn_alloc_rows(&io, p.D, p.D, "paged_attention"));
   const row_params rp = {p.D, p.D, (float)p.a.scale, (float)p.a.softcap, 0, 0.0f};
   kv_src s;
   memset(&s, 0, sizeof s);
@@ -450,7 +418,7 @@ static ks_status_t run_paged_attention(ks_call *c, const DLTensor *q, const DLTe
       n = ks_load_index(p.cu.data, KS_DT_I32, (b + 1) * p.cu.strides[0]) - t0;
     }
     s.bt_row = b;
-    attend_rows(&io, &s, &p.a, rp, t0, n, L);
+    ks_attn_rows(&io, &s, &p.a, rp, t0, n, L);
   }
   free(io.qbuf);
   return KS_OK;
@@ -499,23 +467,23 @@ static ks_status_t run_merge_attn_states(ks_call *c, const DLTensor *out_a, cons
     return ks_fail(KS_ERR_INVALID_ARGUMENT, "out_a: expected 3-D [T, H, D], got shape %s",
                    ks_ops_shape_str(&oa, sb, sizeof sb));
   KS_TRY(ks_view_make(c, &ob, "out_b", out_b, KS_REQUIRED));
-  KS_TRY(check_shape(&ob, 3, oa.shape, "out_a's shape"));
+  KS_TRY(ks_attn_check_shape(&ob, 3, oa.shape, "out_a's shape"));
   KS_TRY(ks_check_same_dtype(&oa, &ob));
   const int64_t th[2] = {oa.shape[0], oa.shape[1]};
   KS_TRY(ks_view_make(c, &la, "lse_a", lse_a, KS_REQUIRED));
   KS_TRY(ks_check_dtype(&la, KS_BIT(KS_DT_F32)));
-  KS_TRY(check_shape(&la, 2, th, "[T, H] like out_a"));
+  KS_TRY(ks_attn_check_shape(&la, 2, th, "[T, H] like out_a"));
   KS_TRY(ks_view_make(c, &lb, "lse_b", lse_b, KS_REQUIRED));
   KS_TRY(ks_check_dtype(&lb, KS_BIT(KS_DT_F32)));
-  KS_TRY(check_shape(&lb, 2, th, "[T, H] like out_a"));
+  KS_TRY(ks_attn_check_shape(&lb, 2, th, "[T, H] like out_a"));
   KS_TRY(ks_check_inner_contiguous(&oa));
   KS_TRY(ks_check_inner_contiguous(&ob));
   KS_TRY(ks_view_make(c, &vo, "out", out, KS_REQUIRED));
   KS_TRY(ks_check_same_dtype(&oa, &vo));
-  KS_TRY(check_shape(&vo, 3, oa.shape, "like out_a"));
+  KS_TRY(ks_attn_check_shape(&vo, 3, oa.shape, "like out_a"));
   KS_TRY(ks_check_inner_contiguous(&vo));
   KS_TRY(ks_check_no_overlap(&vo));
-  KS_TRY(check_lse(c, &vl, lse, 2, th, "[T, H] like out_a"));
+  KS_TRY(ks_attn_check_lse(c, &vl, lse, 2, th, "[T, H] like out_a"));
   if (c->device_type == kDLCUDA) {
     KS_TRY(ks_check_contiguous(&vo));
     if (vl.present) KS_TRY(ks_check_contiguous(&vl));
@@ -557,280 +525,4 @@ ks_status_t ks_query_merge_attn_states(const DLTensor *const *t, int32_t n, cons
   (void)o;
   KS_TRY(ks_query_arity(n, 6, "merge_attn_states"));
   return run_merge_attn_states(&c, t[0], t[1], t[2], t[3], (DLTensor *)t[4], (DLTensor *)t[5]);
-}
-
-/* ---- flash_attention (dense) and flash_attention_varlen */
-
-typedef struct {
-  ks_view q, k, v, cu_q, cu_k, sinks, out, lse;
-  int varlen;
-  int64_t B, Sq, Sk, hq, hkv, D, Dv, max_q, max_k;
-  attn_opts a;
-} flash_problem;
-
-/* api._check_qkv: q, k, v of ndim dims with unit-stride head dims, one dtype, GQA heads */
-static ks_status_t check_qkv(ks_call *c, flash_problem *p, const DLTensor *q, const DLTensor *k, const DLTensor *v,
-                             int32_t ndim, const char *layout) {
-  char sb[160], sb2[160];
-  const char *names[3] = {"q", "k", "v"};
-  const DLTensor *ts[3] = {q, k, v};
-  ks_view *vs[3] = {&p->q, &p->k, &p->v};
-  for (int i = 0; i < 3; i++) {
-    KS_TRY(ks_view_make(c, vs[i], names[i], ts[i], KS_REQUIRED));
-    KS_TRY(ks_check_dtype(vs[i], KS_FLOATS));
-    if (vs[i]->ndim != ndim)
-      return ks_fail(KS_ERR_INVALID_ARGUMENT, "%s: expected %d-D %s, got shape %s", names[i], (int)ndim, layout,
-                     ks_ops_shape_str(vs[i], sb, sizeof sb));
-    KS_TRY(ks_check_inner_contiguous(vs[i]));
-  }
-  KS_TRY(ks_check_same_dtype(&p->q, &p->k));
-  KS_TRY(ks_check_same_dtype(&p->q, &p->v));
-  for (int32_t d = 0; d < ndim - 1; d++)
-    if (p->v.shape[d] != p->k.shape[d])
-      return ks_fail(KS_ERR_INVALID_ARGUMENT, "v: expected k's shape %s up to the head size, got shape %s",
-                     ks_ops_shape_str(&p->k, sb, sizeof sb), ks_ops_shape_str(&p->v, sb2, sizeof sb2));
-  if (p->k.shape[ndim - 1] != p->q.shape[ndim - 1])
-    return ks_fail(KS_ERR_INVALID_ARGUMENT, "k: expected q's head size %lld, got shape %s",
-                   (long long)p->q.shape[ndim - 1], ks_ops_shape_str(&p->k, sb, sizeof sb));
-  p->hq = p->q.shape[ndim - 2];
-  p->hkv = p->k.shape[ndim - 2];
-  p->D = p->q.shape[ndim - 1];
-  p->Dv = p->v.shape[ndim - 1];
-  if (p->hkv == 0 || p->hq % p->hkv)
-    return ks_fail(KS_ERR_INVALID_ARGUMENT,
-                   "q: expected a multiple of k's %lld KV heads in query heads, got %lld heads",
-                   (long long)p->hkv, (long long)p->hq);
-  if (p->D == 0 || p->Dv == 0)
-    return ks_fail(KS_ERR_INVALID_ARGUMENT, "q: expected head sizes >= 1, got q %s, v %s",
-                   ks_ops_shape_str(&p->q, sb, sizeof sb), ks_ops_shape_str(&p->v, sb2, sizeof sb2));
-  return KS_OK;
-}
-
-static ks_status_t check_flash_out(ks_call *c, flash_problem *p, DLTensor *out, DLTensor *lse) {
-  int64_t shape[4];
-  const int32_t nd = p->q.ndim;
-  for (int32_t d = 0; d < nd; d++) shape[d] = p->q.shape[d];
-  shape[nd - 1] = p->Dv;
-  KS_TRY(ks_view_make(c, &p->out, "out", out, KS_REQUIRED));
-  KS_TRY(ks_check_same_dtype(&p->q, &p->out));
-  KS_TRY(check_shape(&p->out, nd, shape, p->varlen ? "[T, Hq, Dv]" : "[B, S, Hq, Dv]"));
-  KS_TRY(ks_check_inner_contiguous(&p->out));
-  KS_TRY(ks_check_no_overlap(&p->out));
-  if (p->varlen) {
-    const int64_t ls[2] = {p->hq, p->q.shape[0]};
-    return check_lse(c, &p->lse, lse, 2, ls, "[Hq, T]");
-  }
-  const int64_t ls[3] = {p->B, p->hq, p->Sq};
-  return check_lse(c, &p->lse, lse, 3, ls, "[B, Hq, S]");
-}
-
-static ks_status_t run_flash_cpu(flash_problem *p, const char *op) {
-  if (p->q.numel == 0) return KS_OK;
-  rows_io io;
-  memset(&io, 0, sizeof io);
-  io.q = &p->q;
-  io.out = &p->out;
-  io.lse = &p->lse;
-  io.sinks = &p->sinks;
-  io.hq = p->hq;
-  io.g = p->hq / p->hkv;
-  KS_TRY(alloc_rows(&io, p->D, p->Dv, op));
-  const row_params rp = {p->D, p->Dv, (float)p->a.scale, (float)p->a.softcap, 0, 0.0f};
-  kv_src s;
-  memset(&s, 0, sizeof s);
-  s.k = &p->k;
-  s.v = &p->v;
-  s.k_scale = s.v_scale = 1.0f;
-  const int32_t nd = p->q.ndim;
-  s.k_tok = p->k.strides[nd - 3];
-  s.k_head = p->k.strides[nd - 2];
-  s.v_tok = p->v.strides[nd - 3];
-  s.v_head = p->v.strides[nd - 2];
-  if (!p->varlen) {
-    /* one sequence per batch entry: view q/out [S, Hq, D] at batch b through the row loop's
-     * (token, head) strides, the lse [B, Hq, S] through (t, h) = (s, h) at base b */
-    ks_view qb = p->q, ob = p->out;
-    qb.strides[0] = p->q.strides[1];
-    qb.strides[1] = p->q.strides[2];
-    ob.strides[0] = p->out.strides[1];
-    ob.strides[1] = p->out.strides[2];
-    io.q = &qb;
-    io.out = &ob;
-    io.lse_t = p->lse.strides[2];
-    io.lse_h = p->lse.strides[1];
-    for (int64_t b = 0; b < p->B; b++) {
-      qb.data = p->q.data + b * p->q.strides[0] * p->q.elem_size;
-      ob.data = p->out.data + b * p->out.strides[0] * p->out.elem_size;
-      io.lse_base = b * p->lse.strides[0];
-      s.k_base = b * p->k.strides[0];
-      s.v_base = b * p->v.strides[0];
-      attend_rows(&io, &s, &p->a, rp, 0, p->Sq, p->Sk);
-    }
-  } else {
-    io.lse_t = p->lse.strides[1];
-    io.lse_h = p->lse.strides[0];
-    const int64_t T = p->q.shape[0];
-    int64_t covered = 0;
-    for (int64_t b = 0; b < p->B; b++) {
-      const int64_t q0 = ks_load_index(p->cu_q.data, KS_DT_I32, b * p->cu_q.strides[0]);
-      const int64_t q1 = ks_load_index(p->cu_q.data, KS_DT_I32, (b + 1) * p->cu_q.strides[0]);
-      const int64_t k0 = ks_load_index(p->cu_k.data, KS_DT_I32, b * p->cu_k.strides[0]);
-      const int64_t k1 = ks_load_index(p->cu_k.data, KS_DT_I32, (b + 1) * p->cu_k.strides[0]);
-      s.k_base = k0 * s.k_tok;
-      s.v_base = k0 * s.v_tok;
-      attend_rows(&io, &s, &p->a, rp, q0, q1 - q0, k1 - k0);
-      covered = q1;
-    }
-    /* rows past the last sequence belong to none: out 0, lse -inf (the reference's fill) */
-    for (int64_t t = covered; t < T; t++)
-      for (int64_t h = 0; h < p->hq; h++) {
-        const int64_t oo = t * p->out.strides[0] + h * p->out.strides[1];
-        for (int64_t d = 0; d < p->Dv; d++) ks_store(p->out.data, p->out.dtype, oo + d, 0.0f);
-        if (p->lse.present) ((float *)p->lse.data)[t * io.lse_t + h * io.lse_h] = -INFINITY;
-      }
-  }
-  free(io.qbuf);
-  return KS_OK;
-}
-
-/* kernelset.ops.attention.launch.flash_attention_fwd (dense, or varlen with batch strides 0).
- * The LSE needs a unit token stride. Varlen on CUDA trusts cu_seqlens and max_seqlen_q/k (no host
- * sync), as the Python path does under graph capture; rows past cu_seqlens_q[-1] are not written. */
-static ks_status_t flash_cuda(ks_call *c, const flash_problem *p) {
-  const int v = p->varlen;
-  if (p->lse.present) {
-    const int32_t tok = v ? 1 : 2;
-    if (p->lse.shape[tok] > 1 && p->lse.strides[tok] != 1)
-      return ks_fail(KS_ERR_UNSUPPORTED_LAYOUT, "lse: expected a unit token stride on CUDA, got %lld",
-                     (long long)p->lse.strides[tok]);
-  }
-  KS_TRY(check_unit_stride(&p->sinks));
-  KS_TRY(check_unit_stride(&p->cu_q));
-  KS_TRY(check_unit_stride(&p->cu_k));
-  const ks_view *q = &p->q, *k = &p->k, *vv = &p->v, *o = &p->out;
-  const int32_t d = v ? 0 : 1; /* dims of (token, head) follow the batch dim when dense */
-  KS_CUDA_DISPATCH(c, flash_fwd, q->dtype, ks_dev_ptr(c, q), ks_dev_ptr(c, k), ks_dev_ptr(c, vv), ks_dev_ptr(c, o),
-                   ks_dev_ptr(c, &p->lse), ks_dev_ptr(c, &p->sinks), ks_dev_ptr(c, &p->cu_q), ks_dev_ptr(c, &p->cu_k),
-                   p->B, v ? p->max_q : p->Sq, v ? p->max_k : p->Sk, v ? q->shape[0] : 0, p->hq, p->hkv, p->D, p->Dv,
-                   v ? 0 : q->strides[0], q->strides[d], q->strides[d + 1], v ? 0 : k->strides[0], k->strides[d],
-                   k->strides[d + 1], v ? 0 : vv->strides[0], vv->strides[d], vv->strides[d + 1],
-                   v ? 0 : o->strides[0], o->strides[d], o->strides[d + 1],
-                   p->lse.present ? (v ? 0 : p->lse.strides[0]) : 0, p->lse.present ? p->lse.strides[v ? 0 : 1] : 0,
-                   p->a.scale, p->a.softcap, p->a.left, p->a.right, p->a.causal);
-}
-
-static ks_status_t run_flash_attention(ks_call *c, const DLTensor *q, const DLTensor *k, const DLTensor *v,
-                                       const DLTensor *sinks, DLTensor *out, DLTensor *lse,
-                                       const ks_attention_options *options) {
-  char sb[160];
-  flash_problem p;
-  memset(&p, 0, sizeof p);
-  KS_TRY(check_qkv(c, &p, q, k, v, 4, "[B, S, H, D]"));
-  if (p.k.shape[0] != p.q.shape[0])
-    return ks_fail(KS_ERR_INVALID_ARGUMENT, "k: expected q's batch size %lld, got shape %s", (long long)p.q.shape[0],
-                   ks_ops_shape_str(&p.k, sb, sizeof sb));
-  p.B = p.q.shape[0];
-  p.Sq = p.q.shape[1];
-  p.Sk = p.k.shape[1];
-  KS_TRY(read_attn_options(KS_OP_FLASH_ATTENTION, options, p.D, &p.a));
-  KS_TRY(check_sinks(c, &p.sinks, sinks, p.hq));
-  KS_TRY(check_flash_out(c, &p, out, lse));
-  if (c->device_type == kDLCUDA) return flash_cuda(c, &p);
-  if (c->dry_run) return KS_OK;
-  return run_flash_cpu(&p, "flash_attention");
-}
-
-KS_API ks_status_t ks_flash_attention(const DLTensor *q, const DLTensor *k, const DLTensor *v, const DLTensor *sinks,
-                                      DLTensor *out, DLTensor *lse, const ks_attention_options *options,
-                                      ks_stream_t stream) {
-  ks_call c;
-  ks_call_begin(&c, stream, 0);
-  return run_flash_attention(&c, q, k, v, sinks, out, lse, options);
-}
-
-ks_status_t ks_query_flash_attention(const DLTensor *const *t, int32_t n, const void *o) {
-  ks_call c;
-  ks_call_begin(&c, NULL, 1);
-  KS_TRY(ks_query_arity(n, 6, "flash_attention"));
-  return run_flash_attention(&c, t[0], t[1], t[2], t[3], (DLTensor *)t[4], (DLTensor *)t[5], o);
-}
-
-/* cu_seqlens: non-decreasing from 0 to at most `total`, steps at most `max_len` */
-static ks_status_t check_cu_data(const ks_view *cu, int64_t total, int64_t max_len, const char *max_name) {
-  const int64_t n = cu->shape[0];
-  int64_t prev = 0;
-  for (int64_t i = 0; i < n; i++) {
-    const int64_t x = ks_load_index(cu->data, KS_DT_I32, i * cu->strides[0]);
-    if ((i == 0 && x != 0) || x < prev || x > total)
-      return ks_fail(KS_ERR_INVALID_ARGUMENT,
-                     "%s: expected non-decreasing offsets from 0 to at most %lld (the packed tokens), got %lld at "
-                     "index %lld",
-                     cu->name, (long long)total, (long long)x, (long long)i);
-    if (i > 0 && x - prev > max_len)
-      return ks_fail(KS_ERR_INVALID_ARGUMENT, "%s: expected >= the longest sequence (%lld at sequence %lld), got %lld",
-                     max_name, (long long)(x - prev), (long long)(i - 1), (long long)max_len);
-    prev = x;
-  }
-  return KS_OK;
-}
-
-static ks_status_t run_flash_attention_varlen(ks_call *c, const DLTensor *q, const DLTensor *k, const DLTensor *v,
-                                              const DLTensor *cu_seqlens_q, const DLTensor *cu_seqlens_k,
-                                              int64_t max_seqlen_q, int64_t max_seqlen_k, const DLTensor *sinks,
-                                              DLTensor *out, DLTensor *lse, const ks_attention_options *options) {
-  char sb[160];
-  flash_problem p;
-  memset(&p, 0, sizeof p);
-  p.varlen = 1;
-  KS_TRY(check_qkv(c, &p, q, k, v, 3, "[T, H, D]"));
-  const char *names[2] = {"cu_seqlens_q", "cu_seqlens_k"};
-  const DLTensor *ts[2] = {cu_seqlens_q, cu_seqlens_k};
-  ks_view *cus[2] = {&p.cu_q, &p.cu_k};
-  for (int i = 0; i < 2; i++) {
-    KS_TRY(ks_view_make(c, cus[i], names[i], ts[i], KS_REQUIRED));
-    KS_TRY(ks_check_dtype(cus[i], KS_BIT(KS_DT_I32)));
-    if (cus[i]->ndim != 1 || cus[i]->shape[0] < 1)
-      return ks_fail(KS_ERR_INVALID_ARGUMENT, "%s: expected 1-D [B + 1] int32 offsets, got shape %s", names[i],
-                     ks_ops_shape_str(cus[i], sb, sizeof sb));
-  }
-  KS_TRY(check_shape(&p.cu_k, 1, p.cu_q.shape, "as many offsets as cu_seqlens_q"));
-  if (max_seqlen_q < 0)
-    return ks_fail(KS_ERR_INVALID_ARGUMENT, "max_seqlen_q: expected >= 0, got %lld", (long long)max_seqlen_q);
-  if (max_seqlen_k < 0)
-    return ks_fail(KS_ERR_INVALID_ARGUMENT, "max_seqlen_k: expected >= 0, got %lld", (long long)max_seqlen_k);
-  p.B = p.cu_q.shape[0] - 1;
-  p.max_q = max_seqlen_q;
-  p.max_k = max_seqlen_k;
-  KS_TRY(read_attn_options(KS_OP_FLASH_ATTENTION_VARLEN, options, p.D, &p.a));
-  KS_TRY(check_sinks(c, &p.sinks, sinks, p.hq));
-  KS_TRY(check_flash_out(c, &p, out, lse));
-  if (c->device_type == kDLCUDA) return flash_cuda(c, &p);
-  if (c->dry_run) return KS_OK;
-  KS_TRY(check_cu_data(&p.cu_q, p.q.shape[0], p.max_q, "max_seqlen_q"));
-  KS_TRY(check_cu_data(&p.cu_k, p.k.shape[0], p.max_k, "max_seqlen_k"));
-  return run_flash_cpu(&p, "flash_attention_varlen");
-}
-
-KS_API ks_status_t ks_flash_attention_varlen(const DLTensor *q, const DLTensor *k, const DLTensor *v,
-                                             const DLTensor *cu_seqlens_q, const DLTensor *cu_seqlens_k,
-                                             int64_t max_seqlen_q, int64_t max_seqlen_k, const DLTensor *sinks,
-                                             DLTensor *out, DLTensor *lse, const ks_attention_options *options,
-                                             ks_stream_t stream) {
-  ks_call c;
-  ks_call_begin(&c, stream, 0);
-  return run_flash_attention_varlen(&c, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, out,
-                                    lse, options);
-}
-
-/* t: q, k, v, cu_seqlens_q, cu_seqlens_k, sinks, out, lse. max_seqlen_q / max_seqlen_k are not in
- * the query: taken as T and Tk (the most a sequence can have). */
-ks_status_t ks_query_flash_attention_varlen(const DLTensor *const *t, int32_t n, const void *o) {
-  ks_call c;
-  ks_call_begin(&c, NULL, 1);
-  KS_TRY(ks_query_arity(n, 8, "flash_attention_varlen"));
-  int64_t mq = 0, mk = 0;
-  if (t[0] != NULL && t[0]->ndim >= 1 && t[0]->shape != NULL && t[0]->shape[0] > 0) mq = t[0]->shape[0];
-  if (t[1] != NULL && t[1]->ndim >= 1 && t[1]->shape != NULL && t[1]->shape[0] > 0) mk = t[1]->shape[0];
-  return run_flash_attention_varlen(&c, t[0], t[1], t[2], t[3], t[4], mq, mk, t[5], (DLTensor *)t[6],
-                                    (DLTensor *)t[7], o);
 }
