@@ -227,26 +227,33 @@ typedef struct {
   attn_opts a;
 } paged_problem;
 
+/* seq_lens[b] and the block ids of its keys, as the CPU paths read them */
+ks_status_t ks_attn_check_sequence(const ks_view *lens, const ks_view *bt, int64_t b, int64_t bs, int64_t nb,
+                                   int64_t max_keys, int64_t *len) {
+  const int64_t L = ks_load_index(lens->data, KS_DT_I32, b * lens->strides[0]);
+  if (L < 0 || L > max_keys)
+    return ks_fail(KS_ERR_INVALID_ARGUMENT,
+                   "seq_lens: expected lengths in [0, %lld] (max_seq_len and the block table's %lld blocks of "
+                   "%lld), got %lld at index %lld",
+                   (long long)max_keys, (long long)bt->shape[1], (long long)bs, (long long)L, (long long)b);
+  for (int64_t j = 0; j < (L + bs - 1) / bs; j++) {
+    const int64_t id = ks_load_index(bt->data, KS_DT_I32, b * bt->strides[0] + j * bt->strides[1]);
+    if (id < 0 || id >= nb)
+      return ks_fail(KS_ERR_INVALID_ARGUMENT,
+                     "block_table: expected block ids in [0, %lld) for every block a sequence uses, got %lld at "
+                     "[%lld, %lld]",
+                     (long long)nb, (long long)id, (long long)b, (long long)j);
+  }
+  *len = L;
+  return KS_OK;
+}
+
 /* every index the CPU path reads: seq_lens, the block ids each sequence uses, cu_seqlens_q */
 static ks_status_t check_paged_data(const paged_problem *p) {
-  const int64_t width = p->bt.shape[1];
   int64_t prev = 0;
   for (int64_t b = 0; b < p->B; b++) {
-    const int64_t L = ks_load_index(p->lens.data, KS_DT_I32, b * p->lens.strides[0]);
-    if (L < 0 || L > p->max_keys)
-      return ks_fail(KS_ERR_INVALID_ARGUMENT,
-                     "seq_lens: expected lengths in [0, %lld] (max_seq_len and the block table's %lld blocks of "
-                     "%lld), got %lld at index %lld",
-                     (long long)p->max_keys, (long long)width, (long long)p->bs, (long long)L, (long long)b);
-    const int64_t used = (L + p->bs - 1) / p->bs;
-    for (int64_t j = 0; j < used; j++) {
-      const int64_t id = ks_load_index(p->bt.data, KS_DT_I32, b * p->bt.strides[0] + j * p->bt.strides[1]);
-      if (id < 0 || id >= p->nb)
-        return ks_fail(KS_ERR_INVALID_ARGUMENT,
-                       "block_table: expected block ids in [0, %lld) for every block a sequence uses, got %lld at "
-                       "[%lld, %lld]",
-                       (long long)p->nb, (long long)id, (long long)b, (long long)j);
-    }
+    int64_t L;
+    KS_TRY(ks_attn_check_sequence(&p->lens, &p->bt, b, p->bs, p->nb, p->max_keys, &L));
     if (p->cu.present) {
       const int64_t c0 = ks_load_index(p->cu.data, KS_DT_I32, b * p->cu.strides[0]);
       const int64_t c1 = ks_load_index(p->cu.data, KS_DT_I32, (b + 1) * p->cu.strides[0]);
@@ -285,6 +292,13 @@ ks_status_t ks_attn_check_unit_stride(const ks_view *v) {
   return KS_OK;
 }
 
+ks_status_t ks_attn_check_table_rows(const ks_view *bt) {
+  if (bt->shape[1] > 1 && bt->strides[1] != 1)
+    return ks_fail(KS_ERR_UNSUPPORTED_LAYOUT, "block_table: expected unit-stride rows on CUDA, got stride %lld",
+                   (long long)bt->strides[1]);
+  return KS_OK;
+}
+
 /* kernelset.ops.attention.launch.paged_attention: split-KV when a workspace is given (its size
  * is checked against the split count the policy picks for this GPU), one pass otherwise. The
  * data (seq_lens, block ids, cu_seqlens_q) is not checked on CUDA (no host sync): the kernel
@@ -292,9 +306,7 @@ ks_status_t ks_attn_check_unit_stride(const ks_view *v) {
 static ks_status_t paged_cuda(ks_call *c, const paged_problem *p) {
   KS_TRY(ks_check_contiguous(&p->out));
   if (p->lse.present) KS_TRY(ks_check_contiguous(&p->lse));
-  if (p->bt.shape[1] > 1 && p->bt.strides[1] != 1)
-    return ks_fail(KS_ERR_UNSUPPORTED_LAYOUT, "block_table: expected unit-stride rows on CUDA, got stride %lld",
-                   (long long)p->bt.strides[1]);
+  KS_TRY(ks_attn_check_table_rows(&p->bt));
   KS_TRY(ks_attn_check_unit_stride(&p->lens));
   KS_TRY(ks_attn_check_unit_stride(&p->cu));
   KS_TRY(ks_attn_check_unit_stride(&p->sinks));

@@ -1,6 +1,6 @@
 /* attention.h: what attention.c (paged_attention, merge_attn_states) shares with flash.c
- * (flash_attention, flash_attention_varlen): the attention options, small checks and the CPU row
- * kernel. Semantics and conventions: attention.c's header comment. Internal, not installed. */
+ * (flash_attention, flash_attention_varlen) and mla.c: the attention options, small checks (shapes,
+ * paged-cache indices and layouts) and the CPU row kernel. Semantics and conventions: attention.c's header comment. Internal, not installed. */
 #ifndef KS_OPS_ATTENTION_H_
 #define KS_OPS_ATTENTION_H_
 
@@ -54,6 +54,14 @@ ks_status_t ks_attn_check_lse(ks_call *c, ks_view *l, const DLTensor *t, int32_t
 
 /* a 1-D index tensor must be contiguous on CUDA */
 ks_status_t ks_attn_check_unit_stride(const ks_view *v);
+
+/* a block table [B, max_blocks] must have unit-stride rows on CUDA */
+ks_status_t ks_attn_check_table_rows(const ks_view *bt);
+
+/* seq_lens[b] in [0, max_keys] and the block ids of its keys in [0, nb) (CPU paths: every index
+ * they read, checked before any output is written); *len = seq_lens[b] */
+ks_status_t ks_attn_check_sequence(const ks_view *lens, const ks_view *bt, int64_t b, int64_t bs, int64_t nb,
+                                   int64_t max_keys, int64_t *len);
 
 /* the CPU row kernel over query rows [t0, t0 + n) against L keys of s */
 void ks_attn_rows(const rows_io *io, const kv_src *s, const attn_opts *a, row_params rp, int64_t t0, int64_t n,

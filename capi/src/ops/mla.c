@@ -20,7 +20,7 @@
  */
 #include <stdlib.h>
 
-#include "kv_cache.h"
+#include "attention.h"
 #include "ks_cuda_ops.h"
 
 typedef struct {
@@ -45,32 +45,11 @@ static ks_status_t read_mla_options(const ks_mla_options *user, mla_problem *p) 
   return KS_OK;
 }
 
-/* v has exactly the 3-D shape {a, b, c} ("what" says why) */
-static ks_status_t check_shape3(const ks_view *v, int64_t a, int64_t b, int64_t c, const char *what) {
-  char sb[160];
-  if (v->ndim == 3 && v->shape[0] == a && v->shape[1] == b && v->shape[2] == c) return KS_OK;
-  return ks_fail(KS_ERR_INVALID_ARGUMENT, "%s: expected shape [%lld, %lld, %lld] (%s), got shape %s", v->name,
-                 (long long)a, (long long)b, (long long)c, what, ks_ops_shape_str(v, sb, sizeof sb));
-}
-
 /* every index the CPU path reads: seq_lens and the block ids each sequence uses */
 static ks_status_t check_mla_data(const mla_problem *p) {
-  const int64_t width = p->bt.shape[1];
   for (int64_t b = 0; b < p->B; b++) {
-    const int64_t L = ks_load_index(p->lens.data, KS_DT_I32, b * p->lens.strides[0]);
-    if (L < 0 || L > p->max_keys)
-      return ks_fail(KS_ERR_INVALID_ARGUMENT,
-                     "seq_lens: expected lengths in [0, %lld] (max_seq_len and the block table's %lld blocks of "
-                     "%lld), got %lld at index %lld",
-                     (long long)p->max_keys, (long long)width, (long long)p->bs, (long long)L, (long long)b);
-    for (int64_t j = 0; j < (L + p->bs - 1) / p->bs; j++) {
-      const int64_t id = ks_load_index(p->bt.data, KS_DT_I32, b * p->bt.strides[0] + j * p->bt.strides[1]);
-      if (id < 0 || id >= p->nb)
-        return ks_fail(KS_ERR_INVALID_ARGUMENT,
-                       "block_table: expected block ids in [0, %lld) for every block a sequence uses, got %lld at "
-                       "[%lld, %lld]",
-                       (long long)p->nb, (long long)id, (long long)b, (long long)j);
-    }
+    int64_t L;
+    KS_TRY(ks_attn_check_sequence(&p->lens, &p->bt, b, p->bs, p->nb, p->max_keys, &L));
   }
   return KS_OK;
 }
@@ -80,12 +59,8 @@ static ks_status_t check_mla_data(const mla_problem *p) {
 static ks_status_t mla_cuda(ks_call *c, const mla_problem *p) {
   KS_TRY(ks_check_contiguous(&p->out));
   if (p->lse.present) KS_TRY(ks_check_contiguous(&p->lse));
-  if (p->bt.shape[1] > 1 && p->bt.strides[1] != 1)
-    return ks_fail(KS_ERR_UNSUPPORTED_LAYOUT, "block_table: expected unit-stride rows on CUDA, got stride %lld",
-                   (long long)p->bt.strides[1]);
-  if (p->B > 1 && p->lens.strides[0] != 1)
-    return ks_fail(KS_ERR_UNSUPPORTED_LAYOUT, "seq_lens: expected contiguous on CUDA, got stride %lld",
-                   (long long)p->lens.strides[0]);
+  KS_TRY(ks_attn_check_table_rows(&p->bt));
+  KS_TRY(ks_attn_check_unit_stride(&p->lens));
   KS_CUDA_DISPATCH(c, mla_decode, p->qn.dtype, p->kv.dtype, ks_dev_ptr(c, &p->qn), ks_dev_ptr(c, &p->qp),
                    ks_dev_ptr(c, &p->kv), ks_dev_ptr(c, &p->bt), ks_dev_ptr(c, &p->lens), ks_dev_ptr(c, &p->kvs),
                    ks_dev_ptr(c, &p->out), ks_dev_ptr(c, &p->lse), p->B, p->H, p->R, p->P, p->nb, p->bs,
@@ -164,7 +139,8 @@ static ks_status_t run_mla_decode(ks_call *c, const DLTensor *q_nope, const DLTe
   if (p.qn.shape[2] != p.R)
     return ks_fail(KS_ERR_INVALID_ARGUMENT, "q_nope: expected [B, H, kv_lora_rank=%lld], got shape %s",
                    (long long)p.R, ks_ops_shape_str(&p.qn, sb, sizeof sb));
-  KS_TRY(check_shape3(&p.qp, p.B, p.H, p.P, "[B, H, rope_dim] like q_nope"));
+  const int64_t qp_shape[3] = {p.B, p.H, p.P};
+  KS_TRY(ks_attn_check_shape(&p.qp, 3, qp_shape, "[B, H, rope_dim] like q_nope"));
   KS_TRY(ks_check_inner_contiguous(&p.qn));
   KS_TRY(ks_check_inner_contiguous(&p.qp));
   KS_TRY(ks_view_make(c, &p.kv, "kv_cache", kv_cache, KS_REQUIRED));
@@ -201,17 +177,12 @@ static ks_status_t run_mla_decode(ks_call *c, const DLTensor *q_nope, const DLTe
   KS_TRY(ks_kv_check_scale(c, &p.kvs, "kv_scale", kv_scale, &p.kv, "kv_cache"));
   KS_TRY(ks_view_make(c, &p.out, "out", out, KS_REQUIRED));
   KS_TRY(ks_check_same_dtype(&p.qn, &p.out));
-  KS_TRY(check_shape3(&p.out, p.B, p.H, p.R, "like q_nope"));
+  const int64_t out_shape[3] = {p.B, p.H, p.R};
+  KS_TRY(ks_attn_check_shape(&p.out, 3, out_shape, "like q_nope"));
   KS_TRY(ks_check_inner_contiguous(&p.out));
   KS_TRY(ks_check_no_overlap(&p.out));
-  KS_TRY(ks_view_make(c, &p.lse, "lse", lse, KS_OPTIONAL));
-  if (p.lse.present) {
-    KS_TRY(ks_check_dtype(&p.lse, KS_BIT(KS_DT_F32)));
-    if (p.lse.ndim != 2 || p.lse.shape[0] != p.B || p.lse.shape[1] != p.H)
-      return ks_fail(KS_ERR_INVALID_ARGUMENT, "lse: expected shape [%lld, %lld] ([B, H]), got shape %s",
-                     (long long)p.B, (long long)p.H, ks_ops_shape_str(&p.lse, sb, sizeof sb));
-    KS_TRY(ks_check_no_overlap(&p.lse));
-  }
+  const int64_t lse_shape[2] = {p.B, p.H};
+  KS_TRY(ks_attn_check_lse(c, &p.lse, lse, 2, lse_shape, "[B, H]"));
   if (c->device_type == kDLCUDA) return mla_cuda(c, &p);
   if (c->dry_run) return KS_OK;
   KS_TRY(check_mla_data(&p));
