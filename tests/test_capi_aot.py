@@ -16,7 +16,7 @@ nothing but libc. Then, through ctypes:
   metadata (parameter count and sizes, hidden parameters included; threads per block; sm) agrees
   with the variant table the launcher uses; the image choice per compute capability;
 - without libcuda every launch fails cleanly; against a fake libcuda (capi/aot/fake_cuda.c): the
-  discard buffer grows outside graph capture only, the smoke program issues every launch, and the
+  scratch is per stream when eager and graph-owned under capture, the smoke program issues every launch, and the
   whole library (core, op files, launcher) launches for every GPU case exactly what Python does;
 - the hand-written driver declarations against a real cuda.h (Triton ships one).
 
@@ -716,15 +716,17 @@ def merge(t, lse, stream=None):
                                             *args)
     return s, err.value.decode()
 fake.fake_cuda_set_capturing(1)
-out["capture_first"] = merge(5, None)          # LSE discarded: the buffer must grow, not during capture
-out["capture_with_lse"] = merge(5, "LSE")       # an LSE given: nothing to allocate
+out["capture_first"] = merge(5, None)          # LSE discarded, nothing allocated yet: graph-owned scratch
+out["capture_with_lse"] = merge(5, "LSE")       # an LSE given: no scratch at all
+out["capture_async"] = [fake.fake_cuda_async_allocs(), fake.fake_cuda_async_frees(), fake.fake_cuda_allocs()]
 fake.fake_cuda_set_capturing(0)
 out["eager"] = merge(5, None)
 out["allocs"] = fake.fake_cuda_allocs()
 fake.fake_cuda_set_capturing(1)
-out["capture_again"] = merge(5, None)           # already large enough: capturable
-out["capture_larger"] = merge(1 << 20, None)    # 128 MB of LSE: would grow
+out["capture_again"] = merge(5, None)           # the stream's buffer exists: a capture still takes its own
+out["capture_larger"] = merge(1 << 20, None)    # 128 MB of LSE
 out["allocs_after"] = fake.fake_cuda_allocs()
+out["async_after"] = [fake.fake_cuda_async_allocs(), fake.fake_cuda_async_frees()]
 out["launches"] = fake.fake_cuda_launches()
 fake.fake_cuda_set_capturing(0)
 out["other_stream"] = merge(5, None, 0x1234)    # another stream: a buffer of its own (plans read scratch back)
@@ -734,7 +736,7 @@ print(json.dumps(out))
 """
 
 
-def test_discard_buffer_grows_outside_graph_capture_only_one_per_stream(plans, tmp_path):
+def test_scratch_is_per_stream_when_eager_and_graph_owned_under_capture(plans, tmp_path):
     fake = str(tmp_path / "libcuda.so.1")
     proc = subprocess.run(["gcc", *CFLAGS, "-shared", "-Wl,-soname,libcuda.so.1", os.path.join(AOT, "fake_cuda.c"),
                            "-o", fake], capture_output=True, text=True)
@@ -745,10 +747,13 @@ def test_discard_buffer_grows_outside_graph_capture_only_one_per_stream(plans, t
                           capture_output=True, text=True, env=dict(_env(), PYTHONPATH=AOT), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert r["capture_first"][0] == 1 and "CUDA-graph capture" in r["capture_first"][1], r  # KS_ERR_INVALID_ARGUMENT
-    assert r["capture_with_lse"][0] == KS_OK and r["eager"][0] == KS_OK and r["capture_again"][0] == KS_OK, r
-    assert r["capture_larger"][0] == 1, r
-    assert r["allocs"] == 1 and r["allocs_after"] == 1 and r["launches"] == 3, r
+    # captured calls: one cuMemAllocAsync and one cuMemFreeAsync each, never cuMemAlloc (refused during capture)
+    assert r["capture_first"][0] == KS_OK and r["capture_with_lse"][0] == KS_OK, r
+    assert r["capture_async"] == [1, 1, 0], r
+    assert r["eager"][0] == KS_OK and r["allocs"] == 1, r
+    assert r["capture_again"][0] == KS_OK and r["capture_larger"][0] == KS_OK, r
+    assert r["allocs_after"] == 1 and r["async_after"] == [3, 3], r
+    assert r["launches"] == 5, r
     assert r["other_stream"][0] == KS_OK and r["other_stream_again"][0] == KS_OK and r["allocs_streams"] == 2, r
 
 

@@ -135,6 +135,22 @@ CUresult cuMemAlloc_v2(uint64_t *p, size_t bytes) {
   return 0;
 }
 CUresult cuMemFree_v2(uint64_t p) { (void)p; return 0; }
+/* stream-ordered allocations (what a captured call uses): allowed during capture, counted */
+static int g_async_allocs, g_async_frees;
+int fake_cuda_async_allocs(void) { return g_async_allocs; }
+int fake_cuda_async_frees(void) { return g_async_frees; }
+CUresult cuMemAllocAsync(uint64_t *p, size_t bytes, void *stream) {
+  (void)stream;
+  g_async_allocs++;
+  *p = g_next_alloc;
+  g_next_alloc += (bytes + 0xfffff) & ~(uint64_t)0xfffff;
+  return 0;
+}
+CUresult cuMemFreeAsync(uint64_t p, void *stream) {
+  (void)p, (void)stream;
+  g_async_frees++;
+  return 0;
+}
 /* no memory behind the fake addresses: copies in are dropped, copies out read zeros */
 CUresult cuMemcpyHtoD_v2(uint64_t d, const void *s, size_t n) { (void)d, (void)s, (void)n; return 0; }
 CUresult cuMemcpyDtoH_v2(void *d, uint64_t s, size_t n) {

@@ -323,10 +323,9 @@ KS_API ks_status_t ks_flash_attention_varlen(const DLTensor *q, const DLTensor *
  * other caches); block_table [B, max_blocks] int32; seq_lens [B] int32; max_seq_len bounds
  * seq_lens (0 = the block table's capacity). out [B, H, R] like q_nope (latent space: apply W_UV
  * after); lse [B, H] float32 or NULL. A sequence of length 0 gets out 0 and lse -inf. On CUDA
- * the split-KV partials live in the library's scratch buffer of the call's (context, stream)
- * (capi/aot/README.md): make a call of each shape once before capturing it in a CUDA graph (the
- * buffer grows outside capture), and replay such a graph while no other call runs on the stream
- * it was captured on. */
+ * the split-KV partials live in library scratch (capi/aot/README.md): the buffer of the call's
+ * (context, stream) when eager; under CUDA-graph capture, memory the graph allocates and frees
+ * itself (stream-ordered), so a captured call needs no warm-up and replays on any stream. */
 KS_API ks_status_t ks_mla_decode(const DLTensor *q_nope, const DLTensor *q_pe, const DLTensor *kv_cache,
                                  const DLTensor *block_table, const DLTensor *seq_lens, int64_t max_seq_len,
                                  const DLTensor *kv_scale, DLTensor *out, DLTensor *lse,

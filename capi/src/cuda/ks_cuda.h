@@ -146,15 +146,15 @@ typedef struct {
   ks_cuda_launch_desc launches[KS_CUDA_MAX_LAUNCHES];
 } ks_cuda_plan;
 
-/* Outputs a kernel always writes but the caller may leave out (an LSE passed as NULL) go to the
- * library's discard buffer: one per CUDA context, grown on demand, never freed, never read (so
- * concurrent launches on any stream may share it). ks_cuda_plan_scratch reserves `bytes` of it
- * in the plan (256-byte aligned) and returns a marker address (KS_CUDA_SCRATCH_BASE + offset,
- * never a real device address) that ks_cuda_plan_add records as a scratch argument;
- * ks_cuda_plan_run substitutes the real address. The buffer grows by cuMemAlloc, which is not
- * allowed during CUDA-graph capture: there, a call that needs more than is already allocated
- * fails with KS_ERR_INVALID_ARGUMENT (make the same call once before capturing, or pass the
- * output). */
+/* Outputs a kernel always writes but the caller may leave out (an LSE passed as NULL) and
+ * intermediates a plan reads back (per-row losses, split-KV partials) go to scratch memory.
+ * ks_cuda_plan_scratch reserves `bytes` of it in the plan (256-byte aligned) and returns a marker
+ * address (KS_CUDA_SCRATCH_BASE + offset, never a real device address) that ks_cuda_plan_add
+ * records as a scratch argument; ks_cuda_plan_run substitutes the real address. Eager calls use
+ * one buffer per (context, stream), grown on demand by cuMemAlloc and never freed; a call made
+ * while its stream is capturing a CUDA graph allocates its scratch with cuMemAllocAsync and frees
+ * it with cuMemFreeAsync after its launches, so the graph owns that memory (no warm-up needed,
+ * replayable on any stream). */
 #define KS_CUDA_SCRATCH_BASE 0xFFF0000000000000ull
 void *ks_cuda_plan_scratch(ks_cuda_plan *plan, int64_t bytes);
 
@@ -217,9 +217,13 @@ ks_status_t ks_cuda_pointer_device(const void *ptr, int *device, char *err, size
 ks_status_t ks_cuda_launch(const ks_kernel_variant *v, int device, const uint32_t grid[3], void **args,
                            ks_stream_t stream, char *err, size_t errlen);
 
-/* The discard buffer (see ks_cuda_plan_scratch) of the context ks_cuda_launch uses for `device`
- * on this thread, at least `bytes` long; grown (cuMemAlloc) unless `stream` is capturing. */
-ks_status_t ks_cuda_scratch(int device, ks_stream_t stream, int64_t bytes, uint64_t *ptr, char *err, size_t errlen);
+/* Scratch (see ks_cuda_plan_scratch) of at least `bytes` for a call on `stream` of `device`: the
+ * (context, stream) buffer, grown by cuMemAlloc; or, while `stream` is capturing, a stream-ordered
+ * allocation (*graph_owned = 1) that the caller releases with ks_cuda_scratch_free after its
+ * launches. */
+ks_status_t ks_cuda_scratch(int device, ks_stream_t stream, int64_t bytes, uint64_t *ptr, int *graph_owned,
+                            char *err, size_t errlen);
+ks_status_t ks_cuda_scratch_free(int device, ks_stream_t stream, uint64_t ptr, char *err, size_t errlen);
 
 /* The image ks_cuda_launch would load for compute capability `cc` (80 for sm_80 ...): the cubin
  * of exactly that arch, else the newest sm_8x cubin of the same major below it (sm_86 runs the

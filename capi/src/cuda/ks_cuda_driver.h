@@ -42,6 +42,8 @@
     (void *data, KS_CUpointer_attribute attrib, KS_CUdeviceptr ptr))                                      \
   X(cuMemAlloc, "cuMemAlloc_v2", (KS_CUdeviceptr * ptr, size_t bytes))                                    \
   X(cuMemFree, "cuMemFree_v2", (KS_CUdeviceptr ptr))                                                      \
+  X(cuMemAllocAsync, "cuMemAllocAsync", (KS_CUdeviceptr * ptr, size_t bytes, KS_CUstream stream))          \
+  X(cuMemFreeAsync, "cuMemFreeAsync", (KS_CUdeviceptr ptr, KS_CUstream stream))                           \
   X(cuMemcpyHtoD, "cuMemcpyHtoD_v2", (KS_CUdeviceptr dst, const void *src, size_t bytes))                 \
   X(cuMemcpyDtoH, "cuMemcpyDtoH_v2", (void *dst, KS_CUdeviceptr src, size_t bytes))                     \
   X(cuStreamIsCapturing, "cuStreamIsCapturing", (KS_CUstream stream, KS_CUstreamCaptureStatus * status))

@@ -462,11 +462,13 @@ ks_status_t ks_cuda_plan_run(const ks_cuda_plan *plan, int device, ks_stream_t s
     return KS_ERR_NOT_IMPLEMENTED;
   }
   uint64_t scratch = 0;
+  int graph_owned = 0;
   if (plan->scratch_bytes > 0) {
-    ks_status_t s = ks_cuda_scratch(device, stream, plan->scratch_bytes, &scratch, err, errlen);
+    ks_status_t s = ks_cuda_scratch(device, stream, plan->scratch_bytes, &scratch, &graph_owned, err, errlen);
     if (s != KS_OK) return s;
   }
-  for (int32_t l = 0; l < plan->num_launches; l++) {
+  ks_status_t s = KS_OK;
+  for (int32_t l = 0; l < plan->num_launches && s == KS_OK; l++) {
     const ks_cuda_launch_desc *d = &plan->launches[l];
     ks_cuda_arg values[KS_CUDA_MAX_ARGS];
     void *args[KS_CUDA_MAX_ARGS];
@@ -475,10 +477,17 @@ ks_status_t ks_cuda_plan_run(const ks_cuda_plan *plan, int device, ks_stream_t s
       if (values[i].scratch) values[i].v.ptr += scratch;
       args[i] = (void *)&values[i].v;
     }
-    ks_status_t s = ks_cuda_launch(d->variant, device, d->grid, args, stream, err, errlen);
-    if (s != KS_OK) return s;
+    s = ks_cuda_launch(d->variant, device, d->grid, args, stream, err, errlen);
   }
-  return KS_OK;
+  if (graph_owned) { /* freed in stream order after the launches: the graph gets a free node */
+    char ferr[256];
+    ks_status_t f = ks_cuda_scratch_free(device, stream, scratch, ferr, sizeof ferr);
+    if (s == KS_OK && f != KS_OK) {
+      ks_cuda_errorf(err, errlen, "%s", ferr);
+      s = f;
+    }
+  }
+  return s;
 }
 
 ks_status_t ks_cuda_plan_check(const ks_cuda_plan *plan, const ks_cuda_device_info *dev, char *err, size_t errlen) {
@@ -510,11 +519,13 @@ ks_status_t ks_cuda_plan_check(const ks_cuda_plan *plan, const ks_cuda_device_in
   return KS_OK;
 }
 
-/* ---- scratch (the discard buffer): one per (context, stream), grown by doubling, old buffers
- * kept (a graph captured with them may still replay). Per stream because some plans read their
- * scratch back (cross_entropy's per-row losses before the mean/sum, split-KV partials): calls on
- * one stream are ordered, calls on two streams would race on one buffer. A graph captured on a
- * stream bakes that stream's buffer in: replay it while no other call runs on that stream. */
+/* ---- scratch (the discard buffer): eager calls use one buffer per (context, stream), grown by
+ * doubling, old buffers kept. Per stream because some plans read their scratch back
+ * (cross_entropy's per-row losses before the mean/sum, split-KV partials): calls on one stream
+ * are ordered, calls on two streams would race on one buffer. A call captured into a CUDA graph
+ * gets its own scratch instead, allocated and freed in stream order (cuMemAllocAsync /
+ * cuMemFreeAsync become the graph's memory nodes): the graph owns it, so it replays on any stream,
+ * next to eager calls and other graphs, and capture needs no warm-up call. */
 #define KS_MAX_SCRATCH 256
 typedef struct {
   void *ctx;
@@ -525,7 +536,9 @@ typedef struct {
 static scratch_slot g_scratch[KS_MAX_SCRATCH];
 static int g_num_scratch;
 
-ks_status_t ks_cuda_scratch(int device, ks_stream_t stream, int64_t bytes, uint64_t *ptr, char *err, size_t errlen) {
+ks_status_t ks_cuda_scratch(int device, ks_stream_t stream, int64_t bytes, uint64_t *ptr, int *graph_owned,
+                            char *err, size_t errlen) {
+  *graph_owned = 0;
   ks_status_t s = ks_cuda_device(device, NULL, err, errlen);
   if (s != KS_OK) return s;
   void *ctx = NULL;
@@ -533,6 +546,23 @@ ks_status_t ks_cuda_scratch(int device, ks_stream_t stream, int64_t bytes, uint6
   s = ks_cuda_enter(device, &ctx, &pushed, err, errlen);
   if (s != KS_OK) return s;
   const ks_driver_table *cu = ks_cu();
+  int capturing = 0;
+  s = ks_cuda_check(cu->cuStreamIsCapturing((KS_CUstream)stream, &capturing), "cuStreamIsCapturing", err, errlen);
+  if (s == KS_OK && capturing != KS_CU_STREAM_CAPTURE_STATUS_NONE) {
+    KS_CUdeviceptr p = 0;
+    s = ks_cuda_check(cu->cuMemAllocAsync(&p, (size_t)bytes, (KS_CUstream)stream),
+                      "cuMemAllocAsync (scratch of a captured call)", err, errlen);
+    if (s == KS_OK) {
+      *ptr = (uint64_t)p;
+      *graph_owned = 1;
+    }
+    ks_cuda_leave(pushed);
+    return s;
+  }
+  if (s != KS_OK) {
+    ks_cuda_leave(pushed);
+    return s;
+  }
   pthread_mutex_lock(&g_mu);
   scratch_slot *slot = NULL;
   for (int i = 0; i < g_num_scratch; i++)
@@ -549,29 +579,28 @@ ks_status_t ks_cuda_scratch(int device, ks_stream_t stream, int64_t bytes, uint6
     }
   }
   if (s == KS_OK && slot->bytes < bytes) {
-    int capturing = 0;
-    s = ks_cuda_check(cu->cuStreamIsCapturing((KS_CUstream)stream, &capturing), "cuStreamIsCapturing", err, errlen);
-    if (s == KS_OK && capturing != KS_CU_STREAM_CAPTURE_STATUS_NONE) {
-      ks_cuda_errorf(err, errlen,
-                     "an output passed as NULL goes to kernelset's discard buffer, which must grow to %lld bytes, "
-                     "and cannot during CUDA-graph capture: pass the output, or make the same call once before "
-                     "capturing",
-                     (long long)bytes);
-      s = KS_ERR_INVALID_ARGUMENT;
-    }
+    int64_t want = slot->bytes * 2 > bytes ? slot->bytes * 2 : bytes;
+    if (want < (1 << 20)) want = 1 << 20;
+    KS_CUdeviceptr p = 0;
+    s = ks_cuda_check(cu->cuMemAlloc(&p, (size_t)want), "cuMemAlloc (discard buffer)", err, errlen);
     if (s == KS_OK) {
-      int64_t want = slot->bytes * 2 > bytes ? slot->bytes * 2 : bytes;
-      if (want < (1 << 20)) want = 1 << 20;
-      KS_CUdeviceptr p = 0;
-      s = ks_cuda_check(cu->cuMemAlloc(&p, (size_t)want), "cuMemAlloc (discard buffer)", err, errlen);
-      if (s == KS_OK) {
-        slot->ptr = (uint64_t)p;
-        slot->bytes = want;
-      }
+      slot->ptr = (uint64_t)p;
+      slot->bytes = want;
     }
   }
   if (s == KS_OK) *ptr = slot->ptr;
   pthread_mutex_unlock(&g_mu);
+  ks_cuda_leave(pushed);
+  return s;
+}
+
+ks_status_t ks_cuda_scratch_free(int device, ks_stream_t stream, uint64_t ptr, char *err, size_t errlen) {
+  void *ctx = NULL;
+  int pushed = 0;
+  ks_status_t s = ks_cuda_enter(device, &ctx, &pushed, err, errlen);
+  if (s != KS_OK) return s;
+  s = ks_cuda_check(ks_cu()->cuMemFreeAsync((KS_CUdeviceptr)ptr, (KS_CUstream)stream),
+                    "cuMemFreeAsync (scratch of a captured call)", err, errlen);
   ks_cuda_leave(pushed);
   return s;
 }

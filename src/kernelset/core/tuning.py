@@ -3,9 +3,31 @@ inputs; GPU sweeps compare candidates), one stack per family."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Generic, Iterator, TypeVar
 
 T = TypeVar("T")
+
+
+def hash_once(cls: type[T]) -> type[T]:
+    """Class decorator for a frozen tuning dataclass: its hash is computed once per instance.
+    Launch policies are ``lru_cache``d on (shape..., tuning) on every call, and a generated
+    dataclass hash re-hashes every field each time (about 1 us for 17 fields)."""
+    names = tuple(f.name for f in dataclasses.fields(cls))
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, n) for n in names))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self) -> dict:  # the cached hash may not survive another process's str hashing
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+    cls.__hash__ = __hash__  # type: ignore[assignment]
+    cls.__getstate__ = __getstate__  # type: ignore[attr-defined]
+    return cls
 
 
 class TuningStack(Generic[T]):

@@ -15,7 +15,7 @@ import torch
 from ...core import config
 from ...core.alloc import empty
 from ...core.arch import device_arch
-from ...core.tuning import TuningStack
+from ...core.tuning import TuningStack, hash_once
 from ..triton_launch import FastKernel
 from .kernels import (_flash_attn_bwd_dkdv_kernel, _flash_attn_bwd_dq_kernel, _flash_attn_bwd_pre_kernel,
                       _flash_attn_fwd_kernel, _merge_attn_states_kernel, _paged_attn_fwd_kernel,
@@ -30,6 +30,7 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+@hash_once
 @dataclasses.dataclass(frozen=True)
 class PagedTuning:
     """Knobs of the paged-attention policy (tests force rare shapes; GPU sweeps compare values)."""
@@ -219,6 +220,7 @@ class FlashLaunch:
     dq_stages: int
 
 
+@hash_once
 @dataclasses.dataclass(frozen=True)
 class FlashTuning:
     """Forces a whole FlashLaunch (tests: 16-row tiles so small shapes cross block boundaries;

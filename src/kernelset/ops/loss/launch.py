@@ -8,7 +8,7 @@ import torch
 from ...core.alloc import empty
 from ...core.arch import sm_count
 from ...core.checks import row_stride
-from ...core.tuning import TuningStack
+from ...core.tuning import TuningStack, hash_once
 from ..triton_launch import FastKernel
 from .kernels import _ce_fwd_kernel, _ce_reduce_kernel, _ce_scale_kernel
 
@@ -17,6 +17,7 @@ _scale = FastKernel(_ce_scale_kernel)
 _reduce = FastKernel(_ce_reduce_kernel)
 
 
+@hash_once
 @dataclasses.dataclass(frozen=True)
 class CETuning:
     # measured on H100 (scripts/ce_softmax_tune.py, 8192 x 128256 bf16; docs/benchmarks)

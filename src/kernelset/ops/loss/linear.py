@@ -37,13 +37,14 @@ from ...core.enums import AUTO, Backend
 from ...core.errors import ArgumentError
 from ...core.registry import BenchCase, Cost, Impl, OpSpec, Problem, declare_op, register_impl
 from ...core.support import triton_device
-from ...core.tuning import TuningStack
+from ...core.tuning import TuningStack, hash_once
 from . import linear_reference as ref
 from .api import Reduction, check_options
 
 OP = "linear_cross_entropy"
 
 
+@hash_once
 @dataclasses.dataclass(frozen=True)
 class LCETuning:
     # 256 MiB: 1024 rows at V 128256 bf16, where the dweight update (K = rows) stops being bound

@@ -13,7 +13,7 @@ import torch
 
 from ...core import config
 from ...core.alloc import empty
-from ...core.tuning import TuningStack
+from ...core.tuning import TuningStack, hash_once
 from ..attention.kernels import _paged_attn_reduce_kernel
 from ..attention.launch import ReduceLaunch, sm_count
 from ..triton_launch import FastKernel
@@ -27,6 +27,7 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+@hash_once
 @dataclasses.dataclass(frozen=True)
 class MlaTuning:
     """Knobs of the MLA policy (tests force rare shapes; scripts/mla_tune.py sweeps them on a GPU)."""

@@ -32,31 +32,36 @@ def norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
              residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
              h_out: torch.Tensor | None = None, tuning: NormTuning | None = None):
     """Returns (y, h or None, mean or None, rstd or None); y/h written into out/h_out when given."""
-    n = x.shape[-1]
-    m = _rows(x)
-    y = out if out is not None else empty(x.shape, x.dtype, x.device)
+    # the decode-size hot path (one row): every attribute read and call here is host time
+    shape = x.shape
+    n = shape[-1]
+    m = x.numel() // n if n else 0
+    dev = x.device
+    y = out if out is not None else empty(shape, x.dtype, dev)
     h = None
     if residual is not None:
-        h = h_out if h_out is not None else empty(x.shape, x.dtype, x.device)
-    rstd = empty(x.shape[:-1], torch.float32, x.device) if stats else None
-    mean = empty(x.shape[:-1], torch.float32, x.device) if stats and not is_rms else None
+        h = h_out if h_out is not None else empty(shape, x.dtype, dev)
+    rstd = empty(shape[:-1], torch.float32, dev) if stats else None
+    mean = empty(shape[:-1], torch.float32, dev) if stats and not is_rms else None
     if m == 0:
         return y, h, mean, rstd
-    tuning = tuning or active()
-    p = fwd_policy(m, n, sm_count(x.device), tuning)
+    p = fwd_policy(m, n, sm_count(dev), tuning or active())
     # Unused pointers are passed as None: Triton specializes them away, and each tensor argument
     # costs host time at launch.
     sx = row_stride(x)
     sy = row_stride(y) if out is not None else n
     sr = row_stride(residual) if residual is not None else 0
     sh = (row_stride(h) if h_out is not None else n) if h is not None else 0
-    args = (x, residual, weight, bias, y, h, mean, rstd, m, n, sx, sr, sy, sh, eps, offset)
-    flags = dict(IS_RMS=is_rms, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
-                 HAS_BIAS=bias is not None, GEMMA_CAST=gemma_cast, STORE_STATS=stats)
     if p.looped:
-        _fwd_looped((p.grid,), *args, **flags, BLOCK_N=p.block_n, num_warps=p.num_warps)
+        _fwd_looped((p.grid,), x, residual, weight, bias, y, h, mean, rstd, m, n, sx, sr, sy, sh, eps, offset,
+                    IS_RMS=is_rms, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
+                    HAS_BIAS=bias is not None, GEMMA_CAST=gemma_cast, STORE_STATS=stats, BLOCK_N=p.block_n,
+                    num_warps=p.num_warps)
     else:
-        _fwd((p.grid,), *args, **flags, ROWS=p.rows, BLOCK_N=p.block_n, num_warps=p.num_warps)
+        _fwd((p.grid,), x, residual, weight, bias, y, h, mean, rstd, m, n, sx, sr, sy, sh, eps, offset,
+             IS_RMS=is_rms, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
+             HAS_BIAS=bias is not None, GEMMA_CAST=gemma_cast, STORE_STATS=stats, ROWS=p.rows, BLOCK_N=p.block_n,
+             num_warps=p.num_warps)
     return y, h, mean, rstd
 
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from ...core.tuning import TuningStack
+from ...core.tuning import TuningStack, hash_once
 
 
+@hash_once
 @dataclasses.dataclass(frozen=True)
 class NormTuning:
     max_block_fwd: int = 16384  # widest row kept whole in registers by the forward

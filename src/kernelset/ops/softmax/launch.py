@@ -9,7 +9,7 @@ import torch
 from ...core.alloc import empty
 from ...core.arch import sm_count
 from ...core.checks import row_stride
-from ...core.tuning import TuningStack
+from ...core.tuning import TuningStack, hash_once
 from ..triton_launch import FastKernel
 from .kernels import _softmax_bwd_kernel, _softmax_bwd_looped_kernel, _softmax_fwd_kernel, _softmax_fwd_looped_kernel
 
@@ -17,6 +17,7 @@ _fwd, _fwd_looped = FastKernel(_softmax_fwd_kernel), FastKernel(_softmax_fwd_loo
 _bwd, _bwd_looped = FastKernel(_softmax_bwd_kernel), FastKernel(_softmax_bwd_looped_kernel)
 
 
+@hash_once
 @dataclasses.dataclass(frozen=True)
 class SoftmaxTuning:
     max_block_fwd: int = 16384  # widest row kept whole in registers (fp32: 16 values/thread at 32 warps)

@@ -1,0 +1,81 @@
+"""FastKernel (ops/triton_launch.py): the cached direct launch must never reuse a kernel compiled
+for another specialization. The key function is checked on CPU; the launches on a GPU."""
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from kernelset.ops.triton_launch import FastKernel, _fast_key
+
+HEAD = (0, 4, None, True)
+
+
+def _key(*args):
+    return _fast_key(HEAD, args)
+
+
+def test_key_separates_what_triton_specializes_on():
+    x = torch.randn(64, dtype=torch.bfloat16)
+    # dtype and 16-byte alignment of a pointer
+    assert _key(x) == _key(torch.randn(64, dtype=torch.bfloat16))
+    assert _key(x) != _key(x.to(torch.float16))
+    assert _key(x) != _key(x[1:])  # 2 bytes off: not 16-byte aligned
+    assert _key(x) == _key(x[8:])  # 16 bytes off: aligned
+    # an absent pointer against a present one, in either position
+    assert _key(None, x) != _key(x, None)
+    assert _key(None, 1) != _key(x, 1)
+    # ints: == 1, divisible by 16, fits int32
+    codes = {v: _key(v) for v in (1, 2, 16, 17, 32, 2**31 - 16, 2**31, -16, 0)}
+    assert codes[2] == codes[17] and codes[16] == codes[32] == codes[-16] == codes[0] == codes[2**31 - 16]
+    assert len({codes[1], codes[2], codes[16], codes[2**31]}) == 4
+    # floats by type only (Triton does not specialize on their value); bools by value
+    assert _key(1e-6) == _key(1e-5) and _key(True) != _key(False) and _key(True) != _key(1)
+
+
+def test_key_includes_the_head():
+    x = torch.randn(8)
+    assert _fast_key((0, 4, None, True, ("BLOCK", 16)), (x,)) != _fast_key((0, 4, None, True, ("BLOCK", 32)), (x,))
+    assert _fast_key((0, 4, None, True), (x,)) != _fast_key((1, 4, None, True), (x,))  # device
+
+
+@triton.jit
+def _scaled_copy(X, Y, n, stride, alpha, BLOCK: tl.constexpr, NEG: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    m = offs < n
+    v = tl.load(X + offs * stride, mask=m).to(tl.float32) * alpha
+    if NEG:
+        v = -v
+    tl.store(Y + offs, v.to(Y.dtype.element_ty), mask=m)
+
+
+def test_slow_path_on_cpu_runs_the_kernel(device):
+    if device.type == "cuda":
+        pytest.skip("checked by the GPU test below")
+    k = FastKernel(_scaled_copy)
+    x = torch.randn(40)
+    y = torch.full((40,), float("nan"))
+    k((1,), x, y, 40, 1, 2.0, BLOCK=64, NEG=True, num_warps=1)
+    torch.testing.assert_close(y, -2.0 * x)
+
+
+@pytest.mark.gpu
+def test_direct_launches_follow_each_specialization():
+    k = FastKernel(_scaled_copy)
+    dev = torch.device("cuda")
+    base = torch.randn(256, device=dev, dtype=torch.float32)
+    cases = [  # (x, n, stride, alpha, NEG, out dtype): alignment, int and constexpr changes between calls
+        (base, 64, 1, 2.0, False, torch.float32),
+        (base[1:], 64, 1, 2.0, False, torch.float32),  # misaligned pointer
+        (base, 1, 1, 3.0, False, torch.float32),  # n == 1
+        (base, 17, 2, 0.5, True, torch.float32),  # stride 2, NEG
+        (base, 48, 1, 1.5, False, torch.bfloat16),  # output dtype
+        (base[4:], 64, 1, -1.0, True, torch.float32),
+    ]
+    for _ in range(2):  # second round: every call is a cache hit, launched directly
+        for x, n, stride, alpha, neg, dt in cases:
+            y = torch.full((64,), float("nan"), device=dev, dtype=dt)
+            k((1,), x, y, n, stride, alpha, BLOCK=64, NEG=neg, num_warps=1)
+            want = x[: n * stride : stride].float() * alpha * (-1 if neg else 1)
+            torch.testing.assert_close(y[:n].float(), want.to(dt).float())
+            assert torch.isnan(y[n:].float()).all()
+    assert len(k.cache) == len(cases)
