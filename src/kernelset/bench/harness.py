@@ -144,12 +144,13 @@ def select_cases(ops: Iterable[str] | None, *, sweep: bool = True) -> list[tuple
         for case in entry.spec.bench:
             if case.sweep and not sweep:
                 continue
-            k = (case.shape, case.mode, case.dtype)
+            k = (case.shape, case.mode, case.dtype, case.graph)  # eager and graph timings are two cases
             if k in seen:  # a sweep point that is also a barred case is measured once
                 continue
             seen.add(k)
-            bar = next((c.bar_pct for c in entry.spec.bench if (c.shape, c.mode, c.dtype) == k and c.bar_pct), None)
-            is_sweep = any(c.sweep for c in entry.spec.bench if (c.shape, c.mode, c.dtype) == k)
+            bar = next((c.bar_pct for c in entry.spec.bench
+                        if (c.shape, c.mode, c.dtype, c.graph) == k and c.bar_pct), None)
+            is_sweep = any(c.sweep for c in entry.spec.bench if (c.shape, c.mode, c.dtype, c.graph) == k)
             out.append((entry.spec, dataclasses.replace(case, bar_pct=bar, sweep=is_sweep)))
     if chosen:
         unknown = chosen - {s.name for s, _ in out}
