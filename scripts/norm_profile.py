@@ -58,15 +58,6 @@ def host() -> None:
     from kernelset.core import dispatch
     from kernelset.ops.norm import launch
 
-    def per_call(fn, calls=5000):
-        for _ in range(200):
-            fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / calls * 1e6
     impl = dispatch.select("rms_norm", "auto", (x, w), {})
     y = torch.empty_like(x)
     kern = launch._fwd
@@ -87,7 +78,7 @@ def host() -> None:
                                              BLOCK_N=4096, num_warps=8)),
         ]
         for label, fn in rows:
-            print(f"  {label:<28} {per_call(fn):7.2f} us")
+            print(f"  {label:<28} {timing.host_us_per_call(fn, calls=5000):7.2f} us")
         pr = cProfile.Profile()
         pr.enable()
         for _ in range(20000):

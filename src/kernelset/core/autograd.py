@@ -17,7 +17,12 @@ import torch
 
 def needs_grad(*ts: torch.Tensor | None) -> bool:
     """Whether an eager call must record autograd (any input requires grad, grad mode on)."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)
+    if not torch.is_grad_enabled():
+        return False
+    for t in ts:  # a loop, not any(generator): this runs on every eager call
+        if t is not None and t.requires_grad:
+            return True
+    return False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,7 +34,9 @@ def same_dtype(op: str, name: str, t: torch.Tensor, ref_name: str, ref: torch.Te
 
 
 def shape(op: str, name: str, t: torch.Tensor, expected: tuple[int, ...], what: str = "") -> None:
-    if tuple(t.shape) != tuple(expected):
+    # torch.Size compares equal to a tuple directly: the tuple copies only when they differ
+    # (or `expected` is a list); this runs on every call of most ops
+    if t.shape != expected and tuple(t.shape) != tuple(expected):
         extra = f" ({what})" if what else ""
         raise ArgumentError(op, name, f"of shape {tuple(expected)}{extra}", f"shape {tuple(t.shape)}")
 

@@ -38,8 +38,7 @@ def _param(op: str, name: str, t: torch.Tensor | None, x: torch.Tensor) -> torch
     if t is None:
         return None
     checks.tensor(op, name, t)
-    if t.dim() != 1 or t.shape[0] != x.shape[-1]:  # checks.shape, without its tuples on the hot path
-        checks.shape(op, name, t, (x.shape[-1],), "the hidden size, x.shape[-1]")
+    checks.shape(op, name, t, (x.shape[-1],), "the hidden size, x.shape[-1]")
     checks.same_device(op, name, t, "x", x)
     return t if t.is_contiguous() else t.contiguous()
 
@@ -71,7 +70,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, *, eps: float 
     gemma = NormCast.parse(cast, what="cast") is NormCast.GEMMA
     if torch.compiler.is_compiling():
         return torch.ops.kernelset.rms_norm(x, weight, eps, offset, gemma, str(backend))[0]
-    if torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)):
+    if needs_grad(x, weight):
         return EagerAutograd.apply(_RMS, x, weight, eps, offset, gemma, str(backend))[0]
     return dispatch.select(op, backend, (x, weight), {}).forward(x, weight, eps, offset, gemma, False)[0]
 
