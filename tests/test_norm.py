@@ -223,6 +223,90 @@ def test_rms_norm_rounds_like_huggingface(cast, device):
         assert (y != other).float().mean().item() > 0.05, "test is not discriminating the rounding point"
 
 
+# ---- torch_order: transformers' RMSNorm bit for bit -----------------------------------------
+
+# (rows, hidden): torch's reduce gives a row 32 lanes from 16 rows up, more below (512 at one row)
+TORCH_ORDER_SHAPES = [(1, 256), (3, 132), (17, 512), (2, 3072), (5, 1000), (16, 4096), (1, 16384), (9, 2052)]
+
+
+def _spread(m, n, device, dtype=torch.bfloat16):
+    """Values over 16 binades: any other summation order rounds differently somewhere."""
+    return (torch.randn(m, n, device=device) * torch.exp2(torch.randint(-8, 8, (m, n), device=device).float())).to(dtype)
+
+
+@pytest.mark.parametrize("cast", ["llama", "gemma"])
+@pytest.mark.parametrize("shape", TORCH_ORDER_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_rms_norm_torch_order_kernel_is_its_specification(shape, cast, device):
+    """The kernel's sum is bitwise the elementwise emulation of torch's CUDA reduction order
+    (reference.torch_cuda_mean_sq), and that order is not what a plain sum gives."""
+    from kernelset.ops.norm import launch, reference
+    m, n = shape
+    x = _spread(m, n, device)
+    w = torch.randn(n, device=device).to(torch.bfloat16)
+    gemma = cast == "gemma"
+    y, rstd = launch.rms_fwd_torch_order(x, w, eps=1e-5, offset=1.0 if gemma else 0.0, gemma_cast=gemma, stats=True)
+    want_rstd = torch.rsqrt(reference.torch_cuda_mean_sq(x.float()) + 1e-5)
+    xn = x.float() * want_rstd[:, None]
+    want = (xn * (1.0 + w.float())).to(x.dtype) if gemma else (xn.to(x.dtype).float() * w.float()).to(x.dtype)
+    assert torch.equal(rstd, want_rstd), f"{(rstd != want_rstd).sum().item()} of {m} rows' rstd differ"
+    assert torch.equal(y, want)
+
+
+def test_torch_order_inputs_discriminate(device):
+    """Guard of the test above: on these inputs a different summation order changes some rstd."""
+    from kernelset.ops.norm import reference
+    differ = 0
+    for m, n in TORCH_ORDER_SHAPES:
+        xf = _spread(m, n, device).float()
+        a = torch.rsqrt(reference.torch_cuda_mean_sq(xf) + 1e-5)
+        b = torch.rsqrt(xf.double().pow(2).mean(-1).float() + 1e-5)
+        differ += int((a != b).sum())
+    assert differ > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_torch_cuda_mean_order_is_torchs(dtype, device):
+    """The emulated order equals torch's own CUDA ``pow(2).mean(-1)`` bit for bit (a new torch
+    whose reduce kernel sums differently fails here first)."""
+    from kernelset.ops.norm import reference
+    for m in (1, 2, 3, 5, 8, 15, 16, 17, 100, 2048):
+        for n in (132, 256, 1000, 2048, 3072, 4096, 5120, 8192, 16384):
+            xf = _spread(m, n, device, dtype).float()
+            got = reference.torch_cuda_mean_sq(xf)
+            want = xf.pow(2).mean(-1)
+            assert torch.equal(got, want), f"[{m}, {n}] {dtype}: {(got != want).sum().item()} rows differ"
+
+
+@pytest.mark.parametrize("module", ["llama", "gemma"])
+def test_rms_norm_torch_order_equals_transformers(module, device):
+    """ks.rms_norm(torch_order=True) is transformers' RMSNorm bit for bit (on CPU the dispatcher
+    runs the reference, torch's own ops; on CUDA our kernel)."""
+    mod = pytest.importorskip(f"transformers.models.{module}.modeling_{module}")
+    cls = mod.LlamaRMSNorm if module == "llama" else mod.GemmaRMSNorm
+    for m, n in ((1, 4096), (7, 2048), (64, 4096), (300, 1024)):
+        norm = cls(n, eps=1e-5).to(device)
+        with torch.no_grad():
+            norm.weight.copy_(torch.randn(n) * 0.3 + (1.0 if module == "llama" else 0.0))
+        norm = norm.to(torch.bfloat16) if module == "llama" else norm  # Gemma keeps fp32 weights
+        x = _spread(m, n, device)
+        with torch.no_grad():
+            want = norm(x)
+        y = ks.rms_norm(x, norm.weight, eps=1e-5, offset=0.0 if module == "llama" else 1.0, cast=module,
+                        torch_order=True)
+        assert torch.equal(y, want), f"[{m}, {n}]: {(y != want).sum().item()} elements differ from {cls.__name__}"
+
+
+def test_rms_norm_torch_order_dispatch(device):
+    x = torch.randn(4, 96, device=device)
+    e = ks.explain("rms_norm", x, None, torch_order=True)
+    assert e.chosen is ks.Backend.REFERENCE or str(e.chosen) == "reference", str(e)
+    triton = [c for c in e.candidates if str(c.backend) == "triton"]
+    assert triton and "torch_order" in (triton[0].reason or ""), str(e)
+    with pytest.raises(ValueError, match="torch_order"):
+        ks.rms_norm(x, torch_order="yes")
+
+
 @pytest.mark.parametrize("backend", _backends("rms_norm"))
 def test_rms_norm_weight_dtype_differs(backend, device):
     """fp32 weights with bf16 activations (mixed precision): output in x.dtype, dw in fp32."""

@@ -256,9 +256,17 @@ def test_plan_is_cached_and_rebuilt_on_new_addresses(device):
     opt.step()
     opt.step()
     assert len(L._plans) == 1, "same addresses must reuse the plan"
-    ps[1].grad = grads[1].clone()
+    assert len(L._layouts) == 1
+    before = [p.detach().clone() for p in ps]
+    ps[1].grad = grads[1].clone()  # a fresh grad elsewhere (zero_grad(set_to_none=True) every step)
     opt.step()
-    assert len(L._plans) == 2
+    assert len(L._plans) == 2, "a moved grad needs a table with its address"
+    assert len(L._layouts) == 1, "only a grad moved: the buckets and chunk maps are reused"
+    assert all(not torch.equal(a, b.detach()) for a, b in zip(before, ps)), "every tensor must still be updated"
+    ps[0].grad = torch.randn(301, device=device)[1:]  # a 4-byte-offset grad: another bucket
+    ps[0].grad.copy_(grads[0])
+    opt.step()
+    assert len(L._layouts) == 2, "a grad that changes alignment changes the buckets"
 
 
 @pytest.mark.parametrize("fn,match", [

@@ -188,6 +188,24 @@ def test_apply_rotary_bad_input(kwargs, match):
         ks.apply_rotary(args["q"], args["k"], args["cos"], args["sin"], **rest)
 
 
+@pytest.mark.parametrize("backend", [str(i.backend) for i in impls("apply_rotary") if str(i.backend) != "reference"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+def test_apply_rotary_forward_is_bitwise_transformers(backend, dtype, device):
+    """The forward rounds as transformers' own ``q * cos + rotate_half(q) * sin`` does in q's dtype
+    (each product, then the sum; no FMA), so a kernelized model's rotary output is unchanged bit for
+    bit: one rounding instead of three flipped top-1 tokens of a random-init Llama on the GPU."""
+    llama = pytest.importorskip("transformers.models.llama.modeling_llama")
+    b, hq, hk, s, d = 2, 4, 2, 9, 128
+    cos, sin = _hf_tables(b, s, d, False, True, device)
+    cos, sin = cos.to(dtype), sin.to(dtype)  # transformers' rotary module returns them in x's dtype
+    q = (torch.randn(b, hq, s, d, device=device) * 3).to(dtype)
+    k = (torch.randn(b, hk, s, d, device=device) * 3).to(dtype)
+    wq, wk = llama.apply_rotary_pos_emb(q, k, cos, sin)
+    gq, gk = ks.apply_rotary(q, k, cos, sin, backend=backend)
+    assert torch.equal(gq, wq) and torch.equal(gk, wk), (
+        f"{(gq != wq).sum().item()} of {wq.numel()} q elements differ from transformers")
+
+
 def test_apply_rotary_compiles_with_backward(device):
     cos, sin = _hf_tables(1, 5, 32, False, False, device)
     q = torch.randn(1, 2, 5, 32, device=device, requires_grad=True)

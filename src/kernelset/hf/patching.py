@@ -62,7 +62,7 @@ def require_transformers() -> None:
 
 # the arguments each op's dispatcher keys on, from the public call's arguments
 _DISPATCH_ARGS: dict[str, Callable[..., tuple]] = {
-    "rms_norm": lambda x, weight=None, **kw: (x, weight),
+    "rms_norm": lambda x, weight=None, *, torch_order=False, **kw: (x, weight, {"torch_order": torch_order}),
     "layer_norm": lambda x, weight=None, bias=None, **kw: (x, weight, bias),
     "swiglu": lambda gate, up, **kw: (gate, up),
     "silu_and_mul": lambda x, **kw: (x, None),

@@ -53,11 +53,17 @@ def _check_x(op: str, x: torch.Tensor) -> None:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, *, eps: float = 1e-6, offset: float = 0.0,
-             cast: NormCast | str = NormCast.LLAMA, backend: Backend | str = AUTO) -> torch.Tensor:
+             cast: NormCast | str = NormCast.LLAMA, torch_order: bool = False,
+             backend: Backend | str = AUTO) -> torch.Tensor:
     """y = x * rsqrt(mean(x^2) + eps) * (offset + weight) over the last dim.
 
     fp32 statistics; x ``[..., N]`` of any leading shape (rows may have a stride), weight ``[N]``.
     ``offset=1.0`` is Gemma's ``(1 + w)``; ``cast`` picks where the result is rounded.
+    ``torch_order=True`` sums mean(x^2) in the order torch's own CUDA ``x.pow(2).mean(-1)`` does,
+    so the result equals a transformers RMSNorm module bit for bit (``cast`` chosen to match it):
+    the forward ``ks.hf.kernelize`` uses. The Triton kernel covers hidden sizes in (128, 16384]
+    divisible by 4 on CUDA; elsewhere the reference (torch's own ops) runs, which is that order by
+    construction. The backward is the same either way.
     Returns y ``[..., N]`` contiguous, in x.dtype.
     """
     op = "rms_norm"
@@ -68,24 +74,31 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, *, eps: float 
     if weight is None and offset != 0.0:
         raise ArgumentError(op, "offset", "0.0 when weight is None (offset shifts the weight)", offset)
     gemma = NormCast.parse(cast, what="cast") is NormCast.GEMMA
+    if torch_order is not False and torch_order is not True:
+        raise ArgumentError(op, "torch_order", "a bool", repr(torch_order))
     if torch.compiler.is_compiling():
-        return torch.ops.kernelset.rms_norm(x, weight, eps, offset, gemma, str(backend))[0]
+        return torch.ops.kernelset.rms_norm(x, weight, eps, offset, gemma, str(backend), torch_order)[0]
     if needs_grad(x, weight):
-        return EagerAutograd.apply(_RMS, x, weight, eps, offset, gemma, str(backend))[0]
-    return dispatch.select(op, backend, (x, weight), {}).forward(x, weight, eps, offset, gemma, False)[0]
+        return EagerAutograd.apply(_RMS, x, weight, eps, offset, gemma, str(backend), torch_order)[0]
+    return dispatch.select(op, backend, (x, weight), _TORCH_ORDER if torch_order else _NO_KW).forward(
+        x, weight, eps, offset, gemma, False, torch_order)[0]
+
+
+_TORCH_ORDER = {"torch_order": True}
+_NO_KW: dict = {}
 
 
 def _rms_fwd(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset: float, gemma_cast: bool,
-             backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    impl = dispatch.select("rms_norm", backend, (x, weight), {})
-    return impl.forward(x, weight, eps, offset, gemma_cast, True)
+             backend: str, torch_order: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    impl = dispatch.select("rms_norm", backend, (x, weight), _TORCH_ORDER if torch_order else _NO_KW)
+    return impl.forward(x, weight, eps, offset, gemma_cast, True, torch_order)
 
 
 _rms_norm_op = torch.library.custom_op("kernelset::rms_norm", mutates_args=())(_rms_fwd)
 
 
 @_rms_norm_op.register_fake
-def _(x, weight, eps, offset, gemma_cast, backend):
+def _(x, weight, eps, offset, gemma_cast, backend, torch_order=False):
     return x.new_empty(x.shape), x.new_empty(x.shape[:-1], dtype=torch.float32)
 
 
@@ -113,7 +126,7 @@ def _(dy, x, weight, rstd, eps, offset, gemma_cast, dres, op, backend):
 
 
 def _rms_setup(ctx, inputs, output):
-    x, weight, eps, offset, gemma_cast, backend = inputs
+    x, weight, eps, offset, gemma_cast, backend = inputs[:6]  # torch_order changes only the forward
     ctx.save_for_backward(x, weight, output[1])
     ctx.opts = (eps, offset, gemma_cast, backend)
 
@@ -122,7 +135,7 @@ def _rms_backward(ctx, dy, drstd):
     x, weight, rstd = ctx.saved_tensors
     eps, offset, gemma_cast, backend = ctx.opts
     dx, dw = _rms_bwd_entry(ctx)(dy, x, weight, rstd, eps, offset, gemma_cast, None, "rms_norm", backend)
-    return dx, (dw if weight is not None else None), None, None, None, None
+    return dx, (dw if weight is not None else None), None, None, None, None, None
 
 
 _rms_norm_op.register_autograd(_rms_backward, setup_context=_rms_setup)

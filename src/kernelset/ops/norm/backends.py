@@ -3,8 +3,8 @@
 Every backend's forward/backward takes the same arguments, so the one autograd path in
 ``api.py`` serves them all:
 
-- rms_norm: fwd(x, w, eps, offset, gemma_cast, stats) -> (y, rstd); bwd(dy, x, w, rstd, eps, offset,
-  gemma_cast, dres) -> (dx, dw)
+- rms_norm: fwd(x, w, eps, offset, gemma_cast, stats, torch_order=False) -> (y, rstd); bwd(dy, x, w, rstd,
+  eps, offset, gemma_cast, dres) -> (dx, dw)
 - fused_add_rms_norm: fwd(x, residual, w, eps, offset, gemma_cast, stats, in_place) -> (y, h, rstd);
   bwd as rms_norm at h (dres carries the gradient of h)
 - layer_norm: fwd(x, w, b, eps, stats) -> (y, mean, rstd); bwd(dy, x, w, b, mean, rstd, eps) -> (dx, dw, db)
@@ -34,22 +34,23 @@ def _dt(t: torch.Tensor | None):
     return None if t is None else t.dtype
 
 
-def _problem(op: str, x: torch.Tensor, named: dict[str, torch.Tensor | None]) -> Problem:
+def _problem(op: str, x: torch.Tensor, named: dict[str, torch.Tensor | None], **extra) -> Problem:
     n = x.shape[-1]
     rows = x.numel() // n if n else 0
-    attrs = {"hidden": n}
+    attrs = {"hidden": n, **extra}
     for name, t in named.items():
         attrs[name] = "none" if t is None else str(t.dtype).replace("torch.", "")
     attrs["rows_ok"] = _rows_ok(x) and all(_rows_ok(t) for t in named.values())
     return Problem(op, x.device, x.dtype, (rows, n), device_arch(x.device), attrs)
 
 
-def _rms_key(x, weight):
-    return (x.device, x.dtype, x.shape[-1], _dt(weight), x.is_contiguous() or row_stride(x) is not None)
+def _rms_key(x, weight, torch_order=False):
+    return (x.device, x.dtype, x.shape[-1], _dt(weight), x.is_contiguous() or row_stride(x) is not None,
+            torch_order)
 
 
-def _rms_problem(x, weight):
-    return _problem("rms_norm", x, {"weight": weight})
+def _rms_problem(x, weight, torch_order=False):
+    return _problem("rms_norm", x, {"weight": weight}, **({"torch_order": True} if torch_order else {}))
 
 
 def _add_key(x, residual, weight):
@@ -89,7 +90,8 @@ def _sweep(mode: str = "fwd") -> tuple[BenchCase, ...]:
 
 RMS_NORM = declare_op(OpSpec(
     name="rms_norm", family="norm",
-    signature="rms_norm(x, weight=None, *, eps=1e-6, offset=0.0, cast=NormCast.LLAMA, backend='auto')",
+    signature="rms_norm(x, weight=None, *, eps=1e-6, offset=0.0, cast=NormCast.LLAMA, torch_order=False, "
+              "backend='auto')",
     doc="y = x * rsqrt(mean(x^2, -1) + eps) * (offset + weight); fp32 statistics",
     reference=lambda x, weight=None, eps=1e-6, offset=0.0, gemma_cast=False: ref.rms_norm_ref(
         x, weight, eps, offset, gemma_cast)[0],
@@ -152,10 +154,23 @@ def _cast(t: torch.Tensor | None, like: torch.Tensor | None) -> torch.Tensor | N
     return None if t is None or like is None else t.to(like.dtype)
 
 
-def _t_rms_fwd(x, weight, eps, offset, gemma_cast, stats):
+def _t_rms_fwd(x, weight, eps, offset, gemma_cast, stats, torch_order=False):
+    if torch_order:
+        return _lx().rms_fwd_torch_order(x, weight, eps=eps, offset=offset, gemma_cast=gemma_cast, stats=stats)
     y, _, _, rstd = _lx().norm_fwd(x, weight, None, eps=eps, offset=offset, is_rms=True, gemma_cast=gemma_cast,
                              stats=stats)
     return y, rstd
+
+
+def _t_rms_supports(p: Problem) -> str | None:
+    reason = triton_rows(p)
+    if reason is None and p.attrs.get("torch_order"):
+        if p.device.type != "cuda":
+            return "torch_order reproduces torch's CUDA reduction; on the CPU torch's own ops (the reference) run"
+        if ref.torch_cuda_mean_lanes(max(p.shape[0], 1), p.shape[1]) is None:
+            return (f"torch_order needs a hidden size in (128, 16384] divisible by 4 (torch splits or does not "
+                    f"vectorize other rows), got {p.shape[1]}; the reference runs torch's own ops")
+    return reason
 
 
 def _t_rms_bwd(dy, x, weight, rstd, eps, offset, gemma_cast, dres):
@@ -184,7 +199,7 @@ def _t_ln_bwd(dy, x, weight, bias, mean, rstd, eps):
 _TRITON = dict(backend=Backend.TRITON, supports=triton_rows, priority=100, arch=ArchRange(min=(7, 0)),
                requires=("triton",), note="kernelset's own; block kernel per row group, looped kernel for long rows")
 
-register_impl(Impl(op="rms_norm", forward=_t_rms_fwd, backward=_t_rms_bwd, **_TRITON))
+register_impl(Impl(op="rms_norm", forward=_t_rms_fwd, backward=_t_rms_bwd, **{**_TRITON, "supports": _t_rms_supports}))
 register_impl(Impl(op="fused_add_rms_norm", forward=_t_add_fwd, backward=_t_rms_bwd, **_TRITON))
 register_impl(Impl(op="layer_norm", forward=_t_ln_fwd, backward=_t_ln_bwd, **_TRITON))
 
@@ -195,7 +210,8 @@ def _always(p: Problem) -> str | None:
     return None
 
 
-def _r_rms_fwd(x, weight, eps, offset, gemma_cast, stats):
+def _r_rms_fwd(x, weight, eps, offset, gemma_cast, stats, torch_order=False):
+    # torch's own pow(2).mean(-1): the torch order by construction, on every device
     return ref.rms_norm_ref(x, weight, eps, offset, gemma_cast)
 
 

@@ -8,6 +8,10 @@ All statistics are fp32. Two shapes of kernel:
 - looped kernels walk one long row in ``BLOCK_N`` chunks: a first pass for the statistics and
   a second pass, in reverse chunk order, that finds the most recently read chunks still in L2,
   so a row larger than the register file still costs about one read from HBM.
+
+``_rms_fwd_torch_order_kernel`` is RMSNorm with mean(x^2) summed in the order of torch's CUDA
+``x.pow(2).mean(-1)`` (see ``reference.torch_cuda_mean_sq``), so a transformers RMSNorm module is
+reproduced bit for bit (``rms_norm(..., torch_order=True)``; what ``kernelize`` uses).
 """
 from __future__ import annotations
 
@@ -293,3 +297,57 @@ def _norm_bwd_dwdb_kernel(DY, X, MEAN, RSTD, DW_PART, DB_PART, M, N, stride_dy, 
         tl.store(DW_PART + pid_m.to(tl.int64) * N + cols, tl.sum(dw_acc, axis=0), mask=cmask)
     if HAS_BIAS:
         tl.store(DB_PART + pid_m.to(tl.int64) * N + cols, tl.sum(db_acc, axis=0), mask=cmask)
+
+
+@triton.jit
+def _rms_fwd_torch_order_kernel(X, W, Y, RSTD, N, stride_x, stride_y, eps, factor, offset,
+                                HAS_WEIGHT: tl.constexpr, GEMMA_CAST: tl.constexpr, STORE_STATS: tl.constexpr,
+                                LANES: tl.constexpr):
+    # One row per program. torch's reduce kernel gives a row LANES threads; thread t keeps 4
+    # accumulators and adds x[(j * LANES + t) * 4 + i]^2 for j = 0, 1, ... in order; the four are
+    # combined ((a0 + a1) + a2) + a3; lanes above 32 fold onto the first 32 (t += t + LANES/2,
+    # halving, through shared memory), and a warp's shuffle-down tree adds neighbours, then pairs
+    # of pairs... Each step below is one fp32 addition of the same operands; the launch disables
+    # FMA contraction, so x * x is rounded before it is added as torch's pow(2) tensor is.
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, LANES)[:, None] * 4 + tl.arange(0, 4)[None, :]
+    xrow = X + row * stride_x
+    acc = tl.zeros([LANES, 4], dtype=tl.float32)
+    for start in range(0, N, 4 * LANES):
+        o = start + offs
+        v = tl.load(xrow + o, mask=o < N, other=0.0).to(tl.float32)
+        acc = acc + v * v  # a missing element adds 0: exact, as if the thread had no load
+    ev, od = tl.split(tl.reshape(acc, (LANES, 2, 2)))
+    a0, a2 = tl.split(ev)
+    a1, a3 = tl.split(od)
+    t = ((a0 + a1) + a2) + a3
+    if LANES >= 512:
+        t = tl.sum(tl.reshape(t, (2, 256)), axis=0)
+    if LANES >= 256:
+        t = tl.sum(tl.reshape(t, (2, 128)), axis=0)
+    if LANES >= 128:
+        t = tl.sum(tl.reshape(t, (2, 64)), axis=0)
+    if LANES >= 64:
+        t = tl.sum(tl.reshape(t, (2, 32)), axis=0)
+    t = tl.sum(tl.reshape(t, (16, 2)), axis=1)
+    t = tl.sum(tl.reshape(t, (8, 2)), axis=1)
+    t = tl.sum(tl.reshape(t, (4, 2)), axis=1)
+    t = tl.sum(tl.reshape(t, (2, 2)), axis=1)
+    total = tl.sum(t, axis=0)
+    rstd = tl.rsqrt(total * factor + eps)
+    yrow = Y + row * stride_y
+    for start in range(0, N, 4 * LANES):
+        o = start + offs
+        m = o < N
+        xn = tl.load(xrow + o, mask=m, other=0.0).to(tl.float32) * rstd
+        if HAS_WEIGHT:
+            w = tl.load(W + o, mask=m, other=0.0).to(tl.float32) + offset
+            if GEMMA_CAST:
+                y = xn * w
+            else:
+                y = xn.to(Y.dtype.element_ty).to(tl.float32) * w
+        else:
+            y = xn
+        tl.store(yrow + o, y.to(Y.dtype.element_ty), mask=m)
+    if STORE_STATS:
+        tl.store(RSTD + row, rstd)

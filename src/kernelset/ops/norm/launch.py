@@ -12,14 +12,16 @@ from ...core.arch import sm_count
 from ...core.checks import row_stride
 from ..triton_launch import FastKernel
 from .kernels import (_norm_bwd_dwdb_kernel, _norm_bwd_kernel, _norm_bwd_looped_kernel, _norm_fwd_kernel,
-                      _norm_fwd_looped_kernel)
+                      _norm_fwd_looped_kernel, _rms_fwd_torch_order_kernel)
 from .policy import NormTuning, active, bwd_policy, fwd_policy
+from .reference import torch_cuda_mean_factor, torch_cuda_mean_lanes
 
 _fwd = FastKernel(_norm_fwd_kernel)
 _fwd_looped = FastKernel(_norm_fwd_looped_kernel)
 _bwd = FastKernel(_norm_bwd_kernel)
 _bwd_looped = FastKernel(_norm_bwd_looped_kernel)
 _bwd_dwdb = FastKernel(_norm_bwd_dwdb_kernel)
+_fwd_torch_order = FastKernel(_rms_fwd_torch_order_kernel)
 
 
 def _rows(x: torch.Tensor) -> int:
@@ -63,6 +65,25 @@ def norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
              HAS_BIAS=bias is not None, GEMMA_CAST=gemma_cast, STORE_STATS=stats, ROWS=p.rows, BLOCK_N=p.block_n,
              num_warps=p.num_warps)
     return y, h, mean, rstd
+
+
+def rms_fwd_torch_order(x: torch.Tensor, weight: torch.Tensor | None, *, eps: float, offset: float, gemma_cast: bool,
+                        stats: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """RMSNorm summing mean(x^2) in torch's CUDA order (the caller checked
+    ``torch_cuda_mean_lanes(rows, n)`` is not None for some rows: it depends on n only, past 0 rows)."""
+    shape = x.shape
+    n = shape[-1]
+    m = x.numel() // n
+    dev = x.device
+    y = empty(shape, x.dtype, dev)
+    rstd = empty(shape[:-1], torch.float32, dev) if stats else None
+    if m == 0:
+        return y, rstd
+    lanes = torch_cuda_mean_lanes(m, n)
+    _fwd_torch_order((m,), x, weight, y, rstd, n, row_stride(x), n, eps, torch_cuda_mean_factor(m, n), offset,
+                     HAS_WEIGHT=weight is not None, GEMMA_CAST=gemma_cast, STORE_STATS=stats, LANES=lanes,
+                     num_warps=max(1, min(8, lanes // 64)), fp_fusion=False)
+    return y, rstd
 
 
 def norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, mean: torch.Tensor | None,

@@ -5,6 +5,9 @@ including where the result is rounded (``gemma_cast``), and return the same save
 """
 from __future__ import annotations
 
+import functools
+
+import numpy as np
 import torch
 
 
@@ -26,6 +29,55 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
     else:  # Llama: round the normalized value to x.dtype, then multiply by the weight
         y = _acc(xn.to(x.dtype)) * (offset + _acc(weight))
     return y.to(x.dtype), rstd.squeeze(-1)
+
+
+@functools.lru_cache(maxsize=4096)
+def torch_cuda_mean_lanes(m: int, n: int) -> int | None:
+    """Threads per row of torch's CUDA reduce kernel for ``t.mean(-1)`` over a contiguous fp32
+    ``[m, n]`` tensor (ReduceConfig: 512 threads, rows vectorized by 4 when n > 128), or None
+    where that kernel would also split rows across warps or blocks or not vectorize (n <= 128,
+    n % 4, n > 16384): the orders ``torch_order`` reproduces."""
+    if n <= 128 or n % 4 or n > 16384 or m < 1:
+        return None
+    dim0 = n // 4
+    d0 = 1 << (dim0.bit_length() - 1) if dim0 < 512 else 512
+    d1 = 1 << (m.bit_length() - 1) if m < 512 else 512
+    width = min(d0, 32)
+    height = min(d1, 512 // width)
+    width = min(d0, 512 // height)
+    per_thread = -(-dim0 // width)
+    if per_thread >= height * 16 or per_thread >= 256:
+        return None
+    return width
+
+
+@functools.lru_cache(maxsize=4096)
+def torch_cuda_mean_factor(m: int, n: int) -> float:
+    """torch's MeanOps factor: float(outputs) / numel in fp32 arithmetic."""
+    return float(np.float32(m) / np.float32(m * n))
+
+
+def torch_cuda_mean_sq(xf: torch.Tensor) -> torch.Tensor:
+    """``xf.pow(2).mean(-1)`` of a 2-D fp32 tensor, summed in the order of torch's CUDA reduce
+    kernel (torch_cuda_mean_lanes), with elementwise fp32 additions: the same value on any device.
+    The specification of ``_rms_fwd_torch_order_kernel``; the GPU tests check it against torch."""
+    m, n = xf.shape
+    lanes = torch_cuda_mean_lanes(m, n)
+    if lanes is None:
+        raise ValueError(f"torch_cuda_mean_sq: no reproducible order for [{m}, {n}]")
+    sq = xf * xf
+    j = -(-n // (4 * lanes))
+    sq = torch.nn.functional.pad(sq, (0, j * 4 * lanes - n)).view(m, j, lanes, 4)
+    acc = torch.zeros(m, lanes, 4, dtype=torch.float32, device=xf.device)
+    for k in range(j):
+        acc = acc + sq[:, k]
+    t = ((acc[..., 0] + acc[..., 1]) + acc[..., 2]) + acc[..., 3]
+    while t.shape[1] > 32:
+        h = t.shape[1] // 2
+        t = t[:, :h] + t[:, h:]
+    while t.shape[1] > 1:
+        t = t[:, 0::2] + t[:, 1::2]
+    return t[:, 0] * torch_cuda_mean_factor(m, n)
 
 
 def fused_add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float,

@@ -3,18 +3,20 @@
 A *plan* is what one launch needs beyond scalars: a device table with one row per tensor
 (numel and the addresses of param, grad, states, master and step; see kernels.py) and a chunk
 map (table row, chunk index) with one entry per program. Tensors are split into *buckets* by
-(param dtype, grad dtype, 16-byte alignment), one launch each. Plans are cached by the exact
-addresses, sizes and dtypes they were built from, so a training loop whose tensors stay put (or
-come back to the same addresses, as the caching allocator hands out freshly allocated grads)
-rebuilds nothing: the hot path is one tuple of ``data_ptr()`` values and a dict lookup. A table
-is copied to the device from pinned memory without blocking the host, so no step synchronizes.
+(param dtype, grad dtype, 16-byte alignment), one launch each. Plans are cached in two levels:
+the *layout* (buckets, chunk maps: the costly part, ~6 ms of host time for 146 tensors) by the
+sizes, dtypes, alignments and the addresses of everything but the grads; the tables by the exact
+addresses. ``zero_grad(set_to_none=True)`` (torch's default) gives fresh grads every step, which
+the caching allocator need not place where they were: such a step builds only the small tables
+(one row per tensor) on the cached layout. A table is copied to the device from pinned memory
+without blocking the host, so no step synchronizes.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
 import functools
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -65,10 +67,19 @@ class Bucket:
     chunk_map: torch.Tensor  # int32 [chunks, 2] on the device
 
 
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    members: tuple[tuple[int, ...], ...]  # per bucket, the indices of its tensors
+    aligned: tuple[bool, ...]
+    chunk_maps: tuple[torch.Tensor, ...]  # on the device
+
+
+_layouts: collections.OrderedDict[tuple, _Layout] = collections.OrderedDict()
 _plans: collections.OrderedDict[tuple, tuple[Bucket, ...]] = collections.OrderedDict()
 
 
 def clear_plans() -> None:
+    _layouts.clear()
     _plans.clear()
 
 
@@ -85,19 +96,21 @@ def _chunk_map(numels: list[int], chunk: int) -> torch.Tensor:
     return torch.stack([rows, torch.arange(rows.numel()) - firsts], dim=1).to(torch.int32)
 
 
-def _build(cols: Sequence[Sequence[int]], numels: list[int], p_dt: list[torch.dtype], g_dt: list[torch.dtype],
-           device: torch.device, chunk: int) -> tuple[Bucket, ...]:
+def _layout(cols: Sequence[Sequence[int]], numels: list[int], p_dt: list[torch.dtype], g_dt: list[torch.dtype],
+            device: torch.device, chunk: int) -> _Layout:
     groups: dict[tuple, list[int]] = {}
     for i in range(len(numels)):  # empty tensors keep a row (their step still counts), no chunk
         aligned = all(c[i] % 16 == 0 for c in cols if c[i] != 0)
         groups.setdefault((p_dt[i], g_dt[i], aligned), []).append(i)
+    return _Layout(tuple(tuple(idx) for idx in groups.values()), tuple(k[2] for k in groups),
+                   tuple(_to_device(_chunk_map([numels[i] for i in idx], chunk), device) for idx in groups.values()))
+
+
+def _tables(lay: _Layout, cols: Sequence[Sequence[int]], numels: list[int], device: torch.device) -> tuple[Bucket, ...]:
     buckets = []
-    for (_, _, aligned), idx in groups.items():
-        rows = [[numels[i]] + [c[i] for c in cols] for i in idx]
-        table = torch.tensor(rows, dtype=torch.int64)
-        cmap = _chunk_map([numels[i] for i in idx], chunk)
-        buckets.append(Bucket(idx[0], len(idx), cmap.shape[0], aligned, _to_device(table, device),
-                              _to_device(cmap, device)))
+    for idx, aligned, cmap in zip(lay.members, lay.aligned, lay.chunk_maps):
+        table = torch.tensor([[numels[i]] + [c[i] for c in cols] for i in idx], dtype=torch.int64)
+        buckets.append(Bucket(idx[0], len(idx), cmap.shape[0], aligned, _to_device(table, device), cmap))
     return tuple(buckets)
 
 
@@ -105,27 +118,41 @@ def _addresses(ts: Sequence[torch.Tensor] | None, n: int) -> list[int]:
     return [t.data_ptr() for t in ts] if ts else [0] * n
 
 
+def _remember(cache: collections.OrderedDict, key: tuple, value: Any) -> None:
+    cache[key] = value
+    if len(cache) > _PLAN_CACHE_SIZE:
+        cache.popitem(last=False)
+
+
 def plan(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], exp_avgs: Sequence[torch.Tensor] | None,
          exp_avg_sqs: Sequence[torch.Tensor] | None, max_exp_avg_sqs: Sequence[torch.Tensor] | None,
          masters: Sequence[torch.Tensor] | None, steps: Sequence[torch.Tensor] | None,
          chunk: int) -> tuple[Bucket, ...]:
-    """The buckets for these tensors, from the cache when every address, size and dtype matches."""
+    """The buckets for these tensors: from the cache when every address, size and dtype matches;
+    on the cached layout (new tables only) when only grad addresses moved."""
     n = len(params)
-    cols = [_addresses(params, n), _addresses(grads, n), _addresses(exp_avgs, n), _addresses(exp_avg_sqs, n),
+    gcol = _addresses(grads, n)
+    cols = [_addresses(params, n), gcol, _addresses(exp_avgs, n), _addresses(exp_avg_sqs, n),
             _addresses(max_exp_avg_sqs, n), _addresses(masters, n), _addresses(steps, n)]
     numels = [p.numel() for p in params]
     p_dt = [p.dtype for p in params]
     g_dt = [g.dtype for g in grads]
     device = params[0].device
-    key = (device, chunk, tuple(numels), tuple(p_dt), tuple(g_dt)) + tuple(tuple(c) for c in cols)
+    fixed = (device, chunk, tuple(numels), tuple(p_dt), tuple(g_dt)) + tuple(tuple(c) for c in cols if c is not gcol)
+    key = fixed + (tuple(gcol),)
     buckets = _plans.get(key)
-    if buckets is None:
-        buckets = _build(cols, numels, p_dt, g_dt, device, chunk)
-        _plans[key] = buckets
-        if len(_plans) > _PLAN_CACHE_SIZE:
-            _plans.popitem(last=False)
-    else:
+    if buckets is not None:
         _plans.move_to_end(key)
+        return buckets
+    lkey = fixed + (tuple(a % 16 == 0 for a in gcol),)  # a grad's alignment picks its bucket
+    lay = _layouts.get(lkey)
+    if lay is None:
+        lay = _layout(cols, numels, p_dt, g_dt, device, chunk)
+        _remember(_layouts, lkey, lay)
+    else:
+        _layouts.move_to_end(lkey)
+    buckets = _tables(lay, cols, numels, device)
+    _remember(_plans, key, buckets)
     return buckets
 
 

@@ -66,8 +66,15 @@ def _rope_apply_kernel(X, Y, COS, SIN, S, H, sxb, sxs, sxh, syb, sys, syh, scb, 
         ib = ia + HALF
     a = tl.load(xb + ia, mask=mask, other=0.0).to(tl.float32)
     bb = tl.load(xb + ib, mask=mask, other=0.0).to(tl.float32)
-    tl.store(yb + ia, (a * cos[None, :] - bb * sin[None, :]).to(Y.dtype.element_ty), mask=mask)
-    tl.store(yb + ib, (bb * cos[None, :] + a * sin[None, :]).to(Y.dtype.element_ty), mask=mask)
+    # rounded as transformers' x * cos + rotate_half(x) * sin is in x's dtype: each product, then
+    # the sum (the launch also turns off FMA contraction, so fp32 matches bit for bit too)
+    dt = Y.dtype.element_ty
+    ac = (a * cos[None, :]).to(dt).to(tl.float32)
+    bs = (bb * sin[None, :]).to(dt).to(tl.float32)
+    bc = (bb * cos[None, :]).to(dt).to(tl.float32)
+    as_ = (a * sin[None, :]).to(dt).to(tl.float32)
+    tl.store(yb + ia, (ac - bs).to(dt), mask=mask)
+    tl.store(yb + ib, (bc + as_).to(dt), mask=mask)
 
 
 @triton.jit

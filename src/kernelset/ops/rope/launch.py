@@ -65,7 +65,8 @@ def rope_apply(x, cos, sin, interleaved, rotary_dim, unsqueeze_dim, sign=1.0):
     block_h = max(1, min(1 << max(0, (h - 1).bit_length()), 2048 // block_r))
     _apply((bsz * s, -(-h // block_h)), xs, ys, c3, s3, s, h, xs.stride(0), xs.stride(1), xs.stride(2),
            ys.stride(0), ys.stride(1), ys.stride(2), cb, c3.stride(1), sb, s3.stride(1), sign, HALF=half,
-           INTERLEAVED=interleaved, BLOCK_H=block_h, BLOCK_R=block_r, num_warps=4 if block_h * block_r >= 1024 else 2)
+           INTERLEAVED=interleaved, BLOCK_H=block_h, BLOCK_R=block_r, num_warps=4 if block_h * block_r >= 1024 else 2,
+           fp_fusion=False)
     return y
 
 
