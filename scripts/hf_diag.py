@@ -11,6 +11,7 @@ train    torch.profiler over a training step of the Llama-3.2-1B shape, unpatche
          kernels that take the time, the kernel total against the step's wall time (host-bound
          when the wall time is much longer), and a cProfile of the host side.
 prefill  the same for the 1x2048 prefill of the 8B shape.
+decode   host time of greedy decoding at batch 1 (HF generate's cache), cProfile both ways.
 """
 from __future__ import annotations
 
@@ -162,6 +163,25 @@ def main(argv: list[str] | None = None) -> int:
                   f"bitwise {r['bitwise']}", flush=True)
         out["top1"] = rows
         del model, res, base
+        _free()
+
+    if "decode" not in skip:
+        import statistics
+
+        from kernelset.hf.evaluate import greedy
+        model = build_model(cfg8, dtype=torch.bfloat16, device=dev)
+        prompt = ids[:, :128]
+        res = {}
+        for name in ("unpatched", "kernelset"):
+            handle = ks.hf.kernelize(model) if name == "kernelset" else None
+            greedy(model, prompt, 4)
+            res[name] = statistics.median(greedy(model, prompt, 33)[2] for _ in range(3)) * 1e3
+            _cprofile(f"decode 32 tokens b1, {name}", lambda: greedy(model, prompt, 33), top=25)
+            if handle is not None:
+                handle.restore()
+        print(f"decode step b1: unpatched {res['unpatched']:.2f} ms, kernelset {res['kernelset']:.2f} ms", flush=True)
+        out["decode"] = res
+        del model
         _free()
 
     if "prefill" not in skip:

@@ -305,10 +305,10 @@ def _rms_fwd_torch_order_kernel(X, W, Y, RSTD, N, stride_x, stride_y, eps, facto
                                 LANES: tl.constexpr):
     # One row per program. torch's reduce kernel gives a row LANES threads; thread t keeps 4
     # accumulators and adds x[(j * LANES + t) * 4 + i]^2 for j = 0, 1, ... in order; the four are
-    # combined ((a0 + a1) + a2) + a3; lanes above 32 fold onto the first 32 (t += t + LANES/2,
-    # halving, through shared memory), and a warp's shuffle-down tree adds neighbours, then pairs
-    # of pairs... Each step below is one fp32 addition of the same operands; the launch disables
-    # FMA contraction, so x * x is rounded before it is added as torch's pow(2) tensor is.
+    # combined ((a0 + a1) + a2) + a3; then lane t adds lane t + half for half = LANES/2, ..., 1
+    # (shared memory down to 32 lanes, then the warp's shuffle-down with halving offsets). Each
+    # step below is one fp32 addition of the same operands; the launch disables FMA contraction,
+    # so x * x is rounded before it is added, as torch's pow(2) tensor is.
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, LANES)[:, None] * 4 + tl.arange(0, 4)[None, :]
     xrow = X + row * stride_x
@@ -329,10 +329,10 @@ def _rms_fwd_torch_order_kernel(X, W, Y, RSTD, N, stride_x, stride_y, eps, facto
         t = tl.sum(tl.reshape(t, (2, 64)), axis=0)
     if LANES >= 64:
         t = tl.sum(tl.reshape(t, (2, 32)), axis=0)
-    t = tl.sum(tl.reshape(t, (16, 2)), axis=1)
-    t = tl.sum(tl.reshape(t, (8, 2)), axis=1)
-    t = tl.sum(tl.reshape(t, (4, 2)), axis=1)
-    t = tl.sum(tl.reshape(t, (2, 2)), axis=1)
+    t = tl.sum(tl.reshape(t, (2, 16)), axis=0)
+    t = tl.sum(tl.reshape(t, (2, 8)), axis=0)
+    t = tl.sum(tl.reshape(t, (2, 4)), axis=0)
+    t = tl.sum(tl.reshape(t, (2, 2)), axis=0)
     total = tl.sum(t, axis=0)
     rstd = tl.rsqrt(total * factor + eps)
     yrow = Y + row * stride_y

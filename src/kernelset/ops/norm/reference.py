@@ -57,10 +57,15 @@ def torch_cuda_mean_factor(m: int, n: int) -> float:
     return float(np.float32(m) / np.float32(m * n))
 
 
-def torch_cuda_mean_sq(xf: torch.Tensor) -> torch.Tensor:
+def torch_cuda_mean_sq(xf: torch.Tensor, warp_tree: str = "halving") -> torch.Tensor:
     """``xf.pow(2).mean(-1)`` of a 2-D fp32 tensor, summed in the order of torch's CUDA reduce
     kernel (torch_cuda_mean_lanes), with elementwise fp32 additions: the same value on any device.
-    The specification of ``_rms_fwd_torch_order_kernel``; the GPU tests check it against torch."""
+    The specification of ``_rms_fwd_torch_order_kernel``; the GPU tests check it against torch.
+
+    Lane t keeps 4 accumulators over x[(j * lanes + t) * 4 + i], j in order, combined
+    ((a0 + a1) + a2) + a3; lanes above 32 fold through shared memory (t += t + half, halving); the
+    warp's shuffle-down tree is ``"halving"`` (offsets 16, 8, ..., 1: torch on CUDA since it
+    aligned its order with Triton's) or ``"doubling"`` (offsets 1, 2, ..., 16: older torch)."""
     m, n = xf.shape
     lanes = torch_cuda_mean_lanes(m, n)
     if lanes is None:
@@ -72,7 +77,7 @@ def torch_cuda_mean_sq(xf: torch.Tensor) -> torch.Tensor:
     for k in range(j):
         acc = acc + sq[:, k]
     t = ((acc[..., 0] + acc[..., 1]) + acc[..., 2]) + acc[..., 3]
-    while t.shape[1] > 32:
+    while t.shape[1] > (1 if warp_tree == "halving" else 32):
         h = t.shape[1] // 2
         t = t[:, :h] + t[:, h:]
     while t.shape[1] > 1:

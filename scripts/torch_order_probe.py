@@ -1,0 +1,53 @@
+"""Which summation order torch's CUDA ``x.pow(2).mean(-1)`` uses on this machine (GPU), and
+whether Triton's rsqrt equals torch's: the facts behind ``rms_norm(torch_order=True)``.
+
+    python scripts/torch_order_probe.py
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("torch_order_probe: no CUDA device")
+        return 0
+    import triton
+    import triton.language as tl
+
+    from kernelset.ops.norm import reference as R
+    print(f"device {torch.cuda.get_device_name()}; torch {torch.__version__}; triton {triton.__version__}")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for tree in ("halving", "doubling"):
+        bad = []
+        for m in (1, 2, 3, 5, 8, 15, 16, 17, 100, 2048):
+            for n in (132, 256, 1000, 2048, 3072, 4096, 5120, 8192, 16384):
+                x = (torch.randn(m, n, device="cuda", generator=g)
+                     * torch.exp2(torch.randint(-8, 8, (m, n), device="cuda", generator=g).float())).to(torch.bfloat16)
+                xf = x.float()
+                got = R.torch_cuda_mean_sq(xf, warp_tree=tree)
+                want = xf.pow(2).mean(-1)
+                if not torch.equal(got, want):
+                    bad.append(f"{m}x{n}:{int((got != want).sum())}")
+        print(f"warp tree {tree}: {'all 90 shapes equal torch' if not bad else 'differs at ' + ' '.join(bad)}")
+
+    @triton.jit
+    def rsqrt_kernel(X, Y, Z, N: tl.constexpr):
+        i = tl.arange(0, N)
+        v = tl.load(X + i)
+        tl.store(Y + i, tl.rsqrt(v))
+        tl.store(Z + i, 1.0 / tl.sqrt_rn(v))
+
+    v = torch.rand(1 << 16, device="cuda", generator=g) * 100 + 1e-5
+    y = torch.empty_like(v)
+    z = torch.empty_like(v)
+    rsqrt_kernel[(1,)](v, y, z, N=1 << 16)
+    t = torch.rsqrt(v)
+    print(f"tl.rsqrt == torch.rsqrt on {v.numel()} values: {int((y == t).sum())}; 1/sqrt_rn: {int((z == t).sum())}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
