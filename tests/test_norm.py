@@ -226,7 +226,8 @@ def test_rms_norm_rounds_like_huggingface(cast, device):
 # ---- torch_order: transformers' RMSNorm bit for bit -----------------------------------------
 
 # (rows, hidden): torch's reduce gives a row 32 lanes from 16 rows up, more below (512 at one row)
-TORCH_ORDER_SHAPES = [(1, 256), (3, 132), (17, 512), (2, 3072), (5, 1000), (16, 4096), (1, 16384), (9, 2052)]
+TORCH_ORDER_SHAPES = [(1, 256), (3, 132), (17, 512), (2, 3072), (5, 1000), (16, 4096), (1, 16384), (9, 2052),
+                      (2, 8192), (20, 8192)]  # the last two: warps of a block split the row (512 lanes)
 
 
 def _spread(m, n, device, dtype=torch.bfloat16):

@@ -65,7 +65,9 @@ def make_attention(ops: Any):
             return _fallback(module, query, key, value, attention_mask, scaling, dropout, sliding_window, softcap,
                              kwargs)
         window = (sliding_window - 1, 0) if sliding_window else (-1, -1)
-        causal = bool(getattr(module, "is_causal", True))
+        # one query token with the mask aligned to the last key sees every key: not causal, which
+        # lets the dispatcher take SDPA's decode kernels (cuDNN rejects bottom-right causal masks)
+        causal = bool(getattr(module, "is_causal", True)) and query.shape[2] > 1
         out = ops.flash_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal,
                                   scale=scaling, window=window, softcap=softcap or 0.0, sinks=sinks)
         out = out[0] if isinstance(out, tuple) else out

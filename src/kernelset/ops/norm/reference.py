@@ -35,8 +35,8 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
 def torch_cuda_mean_lanes(m: int, n: int) -> int | None:
     """Threads per row of torch's CUDA reduce kernel for ``t.mean(-1)`` over a contiguous fp32
     ``[m, n]`` tensor (ReduceConfig: 512 threads, rows vectorized by 4 when n > 128), or None
-    where that kernel would also split rows across warps or blocks or not vectorize (n <= 128,
-    n % 4, n > 16384): the orders ``torch_order`` reproduces."""
+    where that kernel would split rows across blocks or not vectorize (n <= 128, n % 4,
+    n > 16384): the orders ``torch_order`` reproduces."""
     if n <= 128 or n % 4 or n > 16384 or m < 1:
         return None
     dim0 = n // 4
@@ -45,10 +45,15 @@ def torch_cuda_mean_lanes(m: int, n: int) -> int | None:
     width = min(d0, 32)
     height = min(d1, 512 // width)
     width = min(d0, 512 // height)
-    per_thread = -(-dim0 // width)
-    if per_thread >= height * 16 or per_thread >= 256:
-        return None
-    return width
+    per_thread = -(-n // width)  # counted in elements, not vectors (measured: scripts/torch_order_probe.py)
+    if per_thread < height * 16 and per_thread < 256:
+        return width  # each warp row sums one output: lanes = block width
+    # the block's rows (warps) split the input too: thread (lane, warp) starts at vector
+    # lane + width * warp with stride width * height, and the warps fold first (halving), then
+    # the lanes: the order of width * height lanes in one row
+    if -(-n // (width * height)) >= 256:
+        return None  # torch would also split the row across blocks
+    return width * height
 
 
 @functools.lru_cache(maxsize=4096)
