@@ -137,7 +137,7 @@ def _rms_build(offset: float, cast: str, weighted: bool = True) -> Build:
             # the module's own summation order where our kernel reproduces it (hidden sizes of the
             # residual stream): the output is the module's, bit for bit; per-head norms (head_dim
             # <= 128) keep the fast kernel, within rounding of the module
-            exact = torch_cuda_mean_lanes(1, x.shape[-1]) is not None
+            exact = torch_cuda_mean_lanes(2, x.shape[-1]) is not None
             y = ops.rms_norm(x, m.weight if weighted else None, eps=eps, offset=offset, cast=cast, torch_order=exact)
             return y if inverse is None else y.permute(inverse)
         return forward

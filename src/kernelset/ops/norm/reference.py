@@ -35,8 +35,8 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
 def torch_cuda_mean_lanes(m: int, n: int) -> int | None:
     """Threads per row of torch's CUDA reduce kernel for ``t.mean(-1)`` over a contiguous fp32
     ``[m, n]`` tensor (ReduceConfig: 512 threads, rows vectorized by 4 when n > 128), or None
-    where that kernel would split rows across blocks or not vectorize (n <= 128, n % 4,
-    n > 16384): the orders ``torch_order`` reproduces."""
+    where that kernel would split a row across warps or blocks or not vectorize (n <= 128,
+    n % 4, n > 16384, or n >= 8192 with 2 rows or more): the orders ``torch_order`` reproduces."""
     if n <= 128 or n % 4 or n > 16384 or m < 1:
         return None
     dim0 = n // 4
@@ -48,12 +48,11 @@ def torch_cuda_mean_lanes(m: int, n: int) -> int | None:
     per_thread = -(-n // width)  # counted in elements, not vectors (measured: scripts/torch_order_probe.py)
     if per_thread < height * 16 and per_thread < 256:
         return width  # each warp row sums one output: lanes = block width
-    # the block's rows (warps) split the input too: thread (lane, warp) starts at vector
-    # lane + width * warp with stride width * height, and the warps fold first (halving), then
-    # the lanes: the order of width * height lanes in one row
-    if -(-n // (width * height)) >= 256:
-        return None  # torch would also split the row across blocks
-    return width * height
+    if height == 1 and per_thread < 256:
+        return width  # the "split" across one warp row changes nothing
+    # the warps of a block split the row (n >= 8192 from 2 rows up): an order this emulation does
+    # not reproduce yet (the probe finds rows off by one bit); torch's own ops run instead
+    return None
 
 
 @functools.lru_cache(maxsize=4096)
