@@ -46,6 +46,17 @@ def main() -> int:
     rsqrt_kernel[(1,)](v, y, z, N=1 << 16)
     t = torch.rsqrt(v)
     print(f"tl.rsqrt == torch.rsqrt on {v.numel()} values: {int((y == t).sum())}; 1/sqrt_rn: {int((z == t).sum())}")
+
+    # what exactness costs: the torch-order kernel against the default one (device time)
+    import kernelset as ks
+    for m, n in ((1, 4096), (2048, 4096), (32768, 4096), (16384, 7168)):
+        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        ms = {o: triton.testing.do_bench(lambda o=o: ks.rms_norm(x, w, torch_order=o, backend="triton"),
+                                         return_mode="median") for o in (False, True)}
+        gbs = 2 * x.numel() * 2 / (ms[True] * 1e-3) / 1e9
+        print(f"rms_norm {m}x{n}: default {ms[False] * 1e3:.1f} us, torch_order {ms[True] * 1e3:.1f} us "
+              f"({gbs:.0f} GB/s)")
     return 0
 
 
