@@ -27,11 +27,13 @@ def main() -> int:
                 x = (torch.randn(m, n, device="cuda", generator=g)
                      * torch.exp2(torch.randint(-8, 8, (m, n), device="cuda", generator=g).float())).to(torch.bfloat16)
                 xf = x.float()
+                if R.torch_cuda_mean_lanes(m, n) is None:
+                    continue  # a row split across warps: not claimed (torch's own ops run)
                 got = R.torch_cuda_mean_sq(xf, warp_tree=tree)
                 want = xf.pow(2).mean(-1)
                 if not torch.equal(got, want):
                     bad.append(f"{m}x{n}:{int((got != want).sum())}")
-        print(f"warp tree {tree}: {'all 90 shapes equal torch' if not bad else 'differs at ' + ' '.join(bad)}")
+        print(f"warp tree {tree}: {'every claimed shape equals torch' if not bad else 'differs at ' + ' '.join(bad)}")
 
     @triton.jit
     def rsqrt_kernel(X, Y, Z, N: tl.constexpr):
