@@ -145,6 +145,7 @@ APPLY_CASES = [
     ("bshd", 2, 4, 2, 7, 64, 64, 2, True, "[B, S, H, D] (unsqueeze_dim=2)"),
     ("shared-cos", 3, 2, 1, 5, 128, 128, 1, False, "cos/sin [S, R] shared by the batch"),
     ("partial", 1, 3, 3, 4, 80, 32, 1, True, "rotary_dim < head size: the tail passes through"),
+    ("many-heads", 1, 80, 8, 3, 64, 64, 1, False, "q spans 2 head blocks of the one q+k launch, k 1"),
 ]
 
 
@@ -241,8 +242,10 @@ for d, half, inter, bh in ((128, 64, False, 32), (128, 64, True, 32), (80, 16, F
     # NeoX halves must vectorize
     out.append(dict(case=f"d{d}-r{2 * half}-inter{inter}", local="ld.local" in ptx or "st.local" in ptx,
                     vec=inter or ".v2" in ptx or ".v4" in ptx))
-asig = dict(X="*bf16", Y="*bf16", COS="*fp32", SIN="*fp32", S="i32", H="i32", sxb="i32", sxs="i32", sxh="i32",
-            syb="i32", sys="i32", syh="i32", scb="i32", scs="i32", ssb="i32", sss="i32", sign="fp32")
+asig = dict(X1="*bf16", Y1="*bf16", X2="*bf16", Y2="*bf16", COS="*fp32", SIN="*fp32", S="i32", H1="i32", H2="i32",
+            NB1="i32", sxb1="i32", sxs1="i32", sxh1="i32", syb1="i32", sys1="i32", syh1="i32", sxb2="i32",
+            sxs2="i32", sxh2="i32", syb2="i32", sys2="i32", syh2="i32", scb="i32", scs="i32", ssb="i32",
+            sss="i32", sign="fp32")
 for inter in (False, True):
     consts = dict(HALF=64, INTERLEAVED=inter, BLOCK_H=32, BLOCK_R=64)
     attrs = {(k,): [["tt.divisibility", 16]] for k, (n, ty) in enumerate(asig.items())

@@ -111,7 +111,7 @@ _apply_supports = functools.partial(triton_rows, flag="unit_stride", what="q",
 
 def _t_apply(q, k, cos, sin, interleaved, rotary_dim, unsqueeze_dim, sign):
     from .launch import rope_apply
-    return tuple(rope_apply(x, cos, sin, interleaved, rotary_dim, unsqueeze_dim, sign) for x in (q, k))
+    return rope_apply(q, k, cos, sin, interleaved, rotary_dim, unsqueeze_dim, sign)
 
 
 def _r_apply(q, k, cos, sin, interleaved, rotary_dim, unsqueeze_dim, sign):

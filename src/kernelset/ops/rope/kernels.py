@@ -40,22 +40,11 @@ def _rope_fwd_kernel(POS, X, CACHE, H, max_pos, stride_t, stride_c, D: tl.conste
 
 
 @triton.jit
-def _rope_apply_kernel(X, Y, COS, SIN, S, H, sxb, sxs, sxh, syb, sys, syh, scb, scs, ssb, sss, sign,
-                       HALF: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr,
-                       BLOCK_R: tl.constexpr):
-    # Out of place, any [B, S, H, D] strides (HF's [B, H, S, D] is a permutation of it); cos/sin
-    # rows in transformers' format (halves duplicated, or pairs for GPT-J), read once per token.
-    # sign = -1 rotates backwards: the gradient of a rotation is the inverse rotation.
-    tok = tl.program_id(0).to(tl.int64)
-    b = tok // S
-    s = tok % S
-    heads = (tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)
+def _rope_rotate_heads(X, Y, b, s, hblock, H, sxb, sxs, sxh, syb, sys, syh, cos, sin, HALF: tl.constexpr,
+                       INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr):
+    heads = (hblock * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)
     i = tl.arange(0, BLOCK_R)
-    imask = i < HALF
-    ci = 2 * i if INTERLEAVED else i
-    cos = tl.load(COS + b * scb + s * scs + ci, mask=imask, other=1.0).to(tl.float32)
-    sin = tl.load(SIN + b * ssb + s * sss + ci, mask=imask, other=0.0).to(tl.float32) * sign
-    mask = (heads < H)[:, None] & imask[None, :]
+    mask = (heads < H)[:, None] & (i < HALF)[None, :]
     xb = X + b * sxb + s * sxs + heads[:, None] * sxh
     yb = Y + b * syb + s * sys + heads[:, None] * syh
     if INTERLEAVED:
@@ -75,6 +64,31 @@ def _rope_apply_kernel(X, Y, COS, SIN, S, H, sxb, sxs, sxh, syb, sys, syh, scb, 
     as_ = (a * sin[None, :]).to(dt).to(tl.float32)
     tl.store(yb + ia, (ac - bs).to(dt), mask=mask)
     tl.store(yb + ib, (bc + as_).to(dt), mask=mask)
+
+
+@triton.jit
+def _rope_apply_kernel(X1, Y1, X2, Y2, COS, SIN, S, H1, H2, NB1, sxb1, sxs1, sxh1, syb1, sys1, syh1, sxb2, sxs2,
+                       sxh2, syb2, sys2, syh2, scb, scs, ssb, sss, sign, HALF: tl.constexpr,
+                       INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr):
+    # q and k in one launch: head blocks [0, NB1) rotate X1 (q), the rest X2 (k). Out of place,
+    # any [B, S, H, D] strides (HF's [B, H, S, D] is a permutation of it); cos/sin rows in
+    # transformers' format (halves duplicated, or pairs for GPT-J), read once per program.
+    # sign = -1 rotates backwards: the gradient of a rotation is the inverse rotation.
+    tok = tl.program_id(0).to(tl.int64)
+    b = tok // S
+    s = tok % S
+    hb = tl.program_id(1)
+    i = tl.arange(0, BLOCK_R)
+    imask = i < HALF
+    ci = 2 * i if INTERLEAVED else i
+    cos = tl.load(COS + b * scb + s * scs + ci, mask=imask, other=1.0).to(tl.float32)
+    sin = tl.load(SIN + b * ssb + s * sss + ci, mask=imask, other=0.0).to(tl.float32) * sign
+    if hb < NB1:
+        _rope_rotate_heads(X1, Y1, b, s, hb, H1, sxb1, sxs1, sxh1, syb1, sys1, syh1, cos, sin, HALF, INTERLEAVED,
+                           BLOCK_H, BLOCK_R)
+    else:
+        _rope_rotate_heads(X2, Y2, b, s, hb - NB1, H2, sxb2, sxs2, sxh2, syb2, sys2, syh2, cos, sin, HALF,
+                           INTERLEAVED, BLOCK_H, BLOCK_R)
 
 
 @triton.jit

@@ -45,17 +45,39 @@ def rope_fwd(positions, q, k, cache, interleaved, head_size):
 _apply = FastKernel(_rope_apply_kernel)
 
 
-def rope_apply(x, cos, sin, interleaved, rotary_dim, unsqueeze_dim, sign=1.0):
-    """y = x rotated (out of place; features past rotary_dim copied). x [B, H, S, D] when
-    unsqueeze_dim == 1 else [B, S, H, D]; cos/sin [B, S, R] or [S, R] (transformers' format)."""
-    y = torch.empty_like(x)
-    if rotary_dim < x.shape[-1]:
-        y[..., rotary_dim:].copy_(x[..., rotary_dim:])
-    xs = x if unsqueeze_dim == 2 else x.transpose(1, 2)  # [B, S, H, D] view
-    ys = y if unsqueeze_dim == 2 else y.transpose(1, 2)
-    bsz, s, h, _ = xs.shape
-    if bsz * s * h == 0:
-        return y
+def rope_apply(q, k, cos, sin, interleaved, rotary_dim, unsqueeze_dim, sign=1.0):
+    """(q, k) rotated, out of place, in one launch (features past rotary_dim copied). q/k
+    [B, H, S, D] when unsqueeze_dim == 1 else [B, S, H, D]; cos/sin [B, S, R] or [S, R]
+    (transformers' format)."""
+    ys = []
+    for x in (q, k):
+        y = torch.empty_like(x)
+        if rotary_dim < x.shape[-1]:
+            y[..., rotary_dim:].copy_(x[..., rotary_dim:])
+        ys.append(y)
+    yq, yk = ys
+    if unsqueeze_dim == 2:  # [B, S, H, D] views
+        qs, ks_, yqs, yks = q, k, yq, yk
+    else:
+        qs, ks_, yqs, yks = q.transpose(1, 2), k.transpose(1, 2), yq.transpose(1, 2), yk.transpose(1, 2)
+    bsz, s, hq, _ = qs.shape
+    hk = ks_.shape[2]
+    if bsz * s == 0 or hq + hk == 0:
+        return yq, yk
+    c3 = cos if cos.dim() == 3 else cos.unsqueeze(0)
+    s3 = sin if sin.dim() == 3 else sin.unsqueeze(0)
+    cb = c3.stride(0) if c3.shape[0] > 1 else 0
+    sb = s3.stride(0) if s3.shape[0] > 1 else 0
+    half = rotary_dim // 2
+    block_r = 1 << max(0, (half - 1).bit_length())
+    block_h = max(1, min(1 << max(0, (max(hq, hk) - 1).bit_length()), 2048 // block_r))
+    nb1 = -(-hq // block_h)
+    _apply((bsz * s, nb1 + -(-hk // block_h)), qs, yqs, ks_, yks, c3, s3, s, hq, hk, nb1,
+           qs.stride(0), qs.stride(1), qs.stride(2), yqs.stride(0), yqs.stride(1), yqs.stride(2),
+           ks_.stride(0), ks_.stride(1), ks_.stride(2), yks.stride(0), yks.stride(1), yks.stride(2),
+           cb, c3.stride(1), sb, s3.stride(1), sign, HALF=half, INTERLEAVED=interleaved, BLOCK_H=block_h,
+           BLOCK_R=block_r, num_warps=4 if block_h * block_r >= 1024 else 2, fp_fusion=False)
+    return yq, yk
     c3 = cos if cos.dim() == 3 else cos.unsqueeze(0)
     s3 = sin if sin.dim() == 3 else sin.unsqueeze(0)
     cb = c3.stride(0) if c3.shape[0] > 1 else 0
