@@ -78,18 +78,6 @@ def rope_apply(q, k, cos, sin, interleaved, rotary_dim, unsqueeze_dim, sign=1.0)
            cb, c3.stride(1), sb, s3.stride(1), sign, HALF=half, INTERLEAVED=interleaved, BLOCK_H=block_h,
            BLOCK_R=block_r, num_warps=4 if block_h * block_r >= 1024 else 2, fp_fusion=False)
     return yq, yk
-    c3 = cos if cos.dim() == 3 else cos.unsqueeze(0)
-    s3 = sin if sin.dim() == 3 else sin.unsqueeze(0)
-    cb = c3.stride(0) if c3.shape[0] > 1 else 0
-    sb = s3.stride(0) if s3.shape[0] > 1 else 0
-    half = rotary_dim // 2
-    block_r = 1 << max(0, (half - 1).bit_length())
-    block_h = max(1, min(1 << max(0, (h - 1).bit_length()), 2048 // block_r))
-    _apply((bsz * s, -(-h // block_h)), xs, ys, c3, s3, s, h, xs.stride(0), xs.stride(1), xs.stride(2),
-           ys.stride(0), ys.stride(1), ys.stride(2), cb, c3.stride(1), sb, s3.stride(1), sign, HALF=half,
-           INTERLEAVED=interleaved, BLOCK_H=block_h, BLOCK_R=block_r, num_warps=4 if block_h * block_r >= 1024 else 2,
-           fp_fusion=False)
-    return y
 
 
 _ext = FastKernel(_rope_ext_fwd_kernel)
