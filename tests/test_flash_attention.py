@@ -6,6 +6,7 @@ varlen equals per-sequence dense, Sq != Sk bottom-right causal alignment, rows w
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -91,6 +92,67 @@ def test_forward_and_grads(backend, dtype, case, device):
     if case[0] == "causal-sq>sk":
         assert torch.equal(got.out[:, :25].float(), torch.zeros_like(got.out[:, :25]).float())
         assert torch.isneginf(got.lse[..., :25]).all() and torch.isfinite(got.lse[..., 25:]).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
+def test_atomic_dq_gradients(dtype, case, device, monkeypatch):
+    """dQ added atomically by the dK/dV kernel (the GPU policy's path) equals the reference, and the
+    separate dQ kernel does not run."""
+    _, b, sq, sk, hq, hkv, d, dv, opts, _ = case
+    opts = dict(opts)
+    q = torch.randn(b, sq, hq, d, device=device).to(dtype).requires_grad_()
+    k = torch.randn(b, sk, hkv, d, device=device).to(dtype).requires_grad_()
+    v = torch.randn(b, sk, hkv, dv, device=device).to(dtype).requires_grad_()
+    sinks = (torch.randn(hq, device=device) * 2).requires_grad_() if opts.pop("sinks", False) else None
+    cot = torch.randn(b, sq, hq, dv, device=device)
+    ref_ins = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    ref_sinks = None if sinks is None else sinks.detach().clone().requires_grad_()
+    want = _grads(_ref(*ref_ins, sinks=ref_sinks, **opts)[0], ref_ins + [ref_sinks], cot)
+    monkeypatch.setattr(L, "_flash_dq", lambda *a, **kw: pytest.fail("the dQ kernel ran on the atomic path"))
+    launch = SMALL if not torch.cuda.is_available() else L.flash_policy(d, dv, (9, 0))
+    with L.FLASH_TUNING.use(L.FlashTuning(dataclasses.replace(launch, atomic_dq=True))):
+        out = ks.flash_attention(q, k, v, sinks=sinks, backend="triton", **opts)
+        got = _grads(out, [q, k, v, sinks], cot.to(dtype))
+    for name, a, e in zip(("dq", "dk", "dv", "dsinks"), got, want):
+        _close(a.float(), e, dtype, True, name)
+
+
+def test_atomic_dq_ragged_key_block_with_very_negative_scores(device):
+    """Every score about -110: e^-lse overflows fp32, so a padded key past the ragged last block
+    (k = 0, score 0) would put inf * 0 = NaN into dQ through the atomics unless it is masked."""
+    k = (torch.ones(1, 29, 1, 32, device=device) + 0.1 * torch.randn(1, 29, 1, 32, device=device)).requires_grad_()
+    q = (-20.0 + torch.randn(1, 18, 1, 32, device=device)).requires_grad_()
+    v = torch.randn(1, 29, 1, 32, device=device).requires_grad_()
+    cot = torch.randn(1, 18, 1, 32, device=device)
+    launch = SMALL if not torch.cuda.is_available() else L.flash_policy(32, 32, (9, 0))
+    with L.FLASH_TUNING.use(L.FlashTuning(dataclasses.replace(launch, atomic_dq=True))):
+        got = _grads(ks.flash_attention(q, k, v, backend="triton"), [q, k, v], cot)
+    ref_ins = [t.detach().requires_grad_() for t in (q, k, v)]
+    want = _grads(_ref(*ref_ins)[0], ref_ins, cot)
+    for name, a, e in zip("qkv", got, want):
+        _close(a, e, torch.float32, True, "d" + name)
+
+
+def test_deterministic_mode_uses_the_dq_kernel(device, monkeypatch):
+    """torch.use_deterministic_algorithms(True): dQ comes from its own kernel, no atomics."""
+    calls = []
+    real = L._flash_dq
+    monkeypatch.setattr(L, "_flash_dq", lambda *a, **kw: (calls.append(1), real(*a, **kw))[1])
+    q, k, v = (torch.randn(1, 20, 2, 32, device=device).requires_grad_() for _ in range(3))
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with L.FLASH_TUNING.use(L.FlashTuning(dataclasses.replace(SMALL, atomic_dq=True))):
+            out = ks.flash_attention(q, k, v, causal=True, backend="triton")
+            got = _grads(out, [q, k, v], torch.ones_like(out))
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert calls == [1]
+    ref_ins = [t.detach().requires_grad_() for t in (q, k, v)]
+    want = _grads(_ref(*ref_ins, causal=True)[0], ref_ins, torch.ones_like(out))
+    for name, a, e in zip("qkv", got, want):
+        _close(a, e, torch.float32, True, "d" + name)
 
 
 def test_float16_and_default_scale(device):
@@ -508,10 +570,11 @@ for arch in (90, 80):
         out.append(run(K._flash_attn_fwd_kernel, sig, dict(DV=dv, BLOCK_M=p.block_m, BLOCK_N=p.block_n,
                        HAS_SINKS=extra, **common), p.num_warps, p.num_stages, arch, "fwd-" + tag))
         sig = dict(Q="*bf16", K="*bf16", V="*bf16", DO="*bf16", LSE="*fp32", DELTA="*fp32", DK="*bf16", DV="*bf16",
-                   **base, dk_mul="fp32", window_left="i32", window_right="i32", seq_q="i32", seq_k="i32",
-                   **strides("q", "k", "v", "do", "dk", "dv"), stride_lb="i32", stride_lh="i32", Hkv="i32")
-        out.append(run(K._flash_attn_bwd_dkdv_kernel, sig, dict(DVH=dv, BLOCK_M=p.dkdv_m, BLOCK_N=p.dkdv_n, **common),
-                       p.dkdv_warps, p.dkdv_stages, arch, "dkdv-" + tag))
+                   DQA="*fp32" if p.atomic_dq else "*bf16", **base, dk_mul="fp32", dq_mul="fp32", window_left="i32",
+                   window_right="i32", seq_q="i32", seq_k="i32", **strides("q", "k", "v", "do", "dk", "dv", "dqa"),
+                   stride_lb="i32", stride_lh="i32", Hkv="i32")
+        out.append(run(K._flash_attn_bwd_dkdv_kernel, sig, dict(DVH=dv, BLOCK_M=p.dkdv_m, BLOCK_N=p.dkdv_n,
+                       ATOMIC_DQ=p.atomic_dq, **common), p.dkdv_warps, p.dkdv_stages, arch, "dkdv-" + tag))
         sig = dict(Q="*bf16", K="*bf16", V="*bf16", DO="*bf16", LSE="*fp32", DELTA="*fp32", DQ="*bf16", **base,
                    dq_mul="fp32", window_left="i32", window_right="i32", seq_q="i32", seq_k="i32",
                    **strides("q", "k", "v", "do", "dq"), stride_lb="i32", stride_lh="i32", Hq="i32")

@@ -422,10 +422,10 @@ def _flash_attn_bwd_pre_kernel(O, DO, DELTA, R, Hq, seq_q, stride_ot, stride_oh,
 
 
 @triton.jit
-def _bwd_dkdv_block(dk, dv_acc, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, m0, offs_n, off, len_q, qk_mul,
-                    cap_mul, window_left, window_right, d_ok, dv_ok, BLOCK_M: tl.constexpr, MASK: tl.constexpr,
-                    MASK_RIGHT: tl.constexpr, MASK_LEFT: tl.constexpr, PAD_D: tl.constexpr, PAD_DV: tl.constexpr,
-                    SOFTCAP: tl.constexpr, F32: tl.constexpr):
+def _bwd_dkdv_block(dk, dv_acc, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, dqa_ptrs, dq_mul, m0, offs_n, n_ok,
+                    off, len_q, qk_mul, cap_mul, window_left, window_right, d_ok, dv_ok, BLOCK_M: tl.constexpr,
+                    MASK: tl.constexpr, MASK_RIGHT: tl.constexpr, MASK_LEFT: tl.constexpr, PAD_D: tl.constexpr,
+                    PAD_DV: tl.constexpr, SOFTCAP: tl.constexpr, ATOMIC_DQ: tl.constexpr, F32: tl.constexpr):
     offs_m = m0 + tl.arange(0, BLOCK_M)
     if MASK:
         m_ok = offs_m < len_q
@@ -451,7 +451,8 @@ def _bwd_dkdv_block(dk, dv_acc, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, m0,
     pT = tl.exp2(sT - lse2[None, :])
     if MASK:
         pos = offs_m + off
-        keep = m_ok[None, :]
+        # keys past the end (a ragged last block) too: their dS would reach dQ through atomics
+        keep = m_ok[None, :] & n_ok[:, None]
         if MASK_RIGHT:
             keep = keep & (offs_n[:, None] <= pos[None, :] + window_right)
         if MASK_LEFT:
@@ -462,22 +463,36 @@ def _bwd_dkdv_block(dk, dv_acc, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, m0,
     dsT = pT * (dpT - delta[None, :])
     if SOFTCAP:
         dsT = dsT * (1.0 - tT * tT)
-    dk += _dot(dsT.to(q.dtype), q, F32)
+    ds16 = dsT.to(q.dtype)
+    dk += _dot(ds16, q, F32)
+    if ATOMIC_DQ:
+        # this key block's share of dQ for these rows: scale * dS K, added in fp32 (order not fixed)
+        dq_part = _dot(tl.trans(ds16), k, F32) * dq_mul
+        if MASK:
+            tl.atomic_add(dqa_ptrs, dq_part, mask=m_ok[:, None] & d_ok[None, :], sem="relaxed")
+        elif PAD_D:
+            tl.atomic_add(dqa_ptrs, dq_part, mask=d_ok[None, :], sem="relaxed")
+        else:
+            tl.atomic_add(dqa_ptrs, dq_part, sem="relaxed")
     return dk, dv_acc
 
 
 @triton.jit
-def _flash_attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CUQ, CUK, qk_mul, cap_mul, dk_mul, window_left,
-                                window_right, seq_q, seq_k, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks,
-                                stride_kh, stride_vb, stride_vs, stride_vh, stride_dob, stride_dos, stride_doh,
-                                stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh, stride_lb,
-                                stride_lh, Hkv, G: tl.constexpr, D: tl.constexpr, DVH: tl.constexpr,
-                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                                BLOCK_DV: tl.constexpr, VARLEN: tl.constexpr, MASK_RIGHT: tl.constexpr,
-                                MASK_LEFT: tl.constexpr, SOFTCAP: tl.constexpr, F32: tl.constexpr):
+def _flash_attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQA, CUQ, CUK, qk_mul, cap_mul, dk_mul, dq_mul,
+                                window_left, window_right, seq_q, seq_k, stride_qb, stride_qs, stride_qh, stride_kb,
+                                stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_dob, stride_dos,
+                                stride_doh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
+                                stride_dqab, stride_dqas, stride_dqah, stride_lb, stride_lh, Hkv, G: tl.constexpr,
+                                D: tl.constexpr, DVH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, VARLEN: tl.constexpr,
+                                MASK_RIGHT: tl.constexpr, MASK_LEFT: tl.constexpr, SOFTCAP: tl.constexpr,
+                                ATOMIC_DQ: tl.constexpr, F32: tl.constexpr):
     """dK, dV of one block of BLOCK_N keys of one (sequence, KV head): the G query heads that share
     the KV head are walked in the program, so dK and dV are complete without atomics.
-    dV = sum P^T dO, dK = scale * sum dS^T Q with dS = P (dP - delta) (times 1 - tanh^2 with softcap)."""
+    dV = sum P^T dO, dK = scale * sum dS^T Q with dS = P (dP - delta) (times 1 - tanh^2 with softcap).
+    ATOMIC_DQ: also dQ += scale * dS K into the fp32 buffer DQA with atomic adds (FlashAttention-2's
+    5 products per tile pair instead of 7 with the separate dQ kernel; the summation order of dQ then
+    varies from run to run)."""
     start_n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // Hkv
@@ -536,6 +551,7 @@ def _flash_attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CUQ, CUK, qk_mu
         do_base = DO + b64 * stride_dob + q_start.to(tl.int64) * stride_dos + h * stride_doh
         l_base = LSE + b64 * stride_lb + h * stride_lh + q_start
         dl_base = DELTA + b64 * stride_lb + h * stride_lh + q_start
+        dqa_base = DQA + b64 * stride_dqab + q_start.to(tl.int64) * stride_dqas + h * stride_dqah
         for part in tl.static_range(3):
             if part == 0:
                 m_lo = lo
@@ -549,13 +565,15 @@ def _flash_attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CUQ, CUK, qk_mu
             rows = m_lo + offs_m
             q_ptrs = q_base + rows[:, None].to(tl.int64) * stride_qs + d[None, :]
             do_ptrs = do_base + rows[:, None].to(tl.int64) * stride_dos + dvr[None, :]
+            dqa_ptrs = dqa_base + rows[:, None].to(tl.int64) * stride_dqas + d[None, :]
             for m0 in range(m_lo, m_hi, BLOCK_M):
                 dk, dv_acc = _bwd_dkdv_block(dk, dv_acc, k, v, q_ptrs, do_ptrs, l_base + m0 + offs_m,
-                                             dl_base + m0 + offs_m, m0, offs_n, off, len_q, qk_mul, cap_mul,
-                                             window_left, window_right, d_ok, dv_ok, BLOCK_M, part != 1,
-                                             MASK_RIGHT, MASK_LEFT, PAD_D, PAD_DV, SOFTCAP, F32)
+                                             dl_base + m0 + offs_m, dqa_ptrs, dq_mul, m0, offs_n, n_ok, off, len_q, qk_mul,
+                                             cap_mul, window_left, window_right, d_ok, dv_ok, BLOCK_M, part != 1,
+                                             MASK_RIGHT, MASK_LEFT, PAD_D, PAD_DV, SOFTCAP, ATOMIC_DQ, F32)
                 q_ptrs += BLOCK_M * stride_qs
                 do_ptrs += BLOCK_M * stride_dos
+                dqa_ptrs += BLOCK_M * stride_dqas
     dk = dk * dk_mul
     dk_ptrs = DK + b64 * stride_dkb + (k_start + offs_n)[:, None].to(tl.int64) * stride_dks \
         + kvh.to(tl.int64) * stride_dkh + d[None, :]

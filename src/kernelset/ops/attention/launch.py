@@ -218,6 +218,9 @@ class FlashLaunch:
     dq_n: int
     dq_warps: int
     dq_stages: int
+    # dQ by atomic fp32 adds from the dK/dV kernel (5 products per tile pair; the dQ kernel and its
+    # 2 recomputed products are skipped) unless torch's deterministic algorithms are on
+    atomic_dq: bool = False
 
 
 @hash_once
@@ -241,9 +244,11 @@ def flash_policy(head_dim: int, v_dim: int, arch: tuple[int, int] | None) -> Fla
     bd = max(_pow2(head_dim), _pow2(v_dim), 16)
     hopper = arch is not None and arch >= (9, 0)
     if bd <= 64:
-        return FlashLaunch(128, 64, 4, 3 if hopper else 2, 64, 128, 8, 2, 128, 64, 4, 2)
+        return FlashLaunch(128, 64, 4, 3 if hopper else 2, 64, 128, 8, 2, 128, 64, 4, 2, atomic_dq=hopper)
     if bd <= 128:
-        return FlashLaunch(128, 64, 8, 3 if hopper else 2, 64, 64, 8, 2, 128, 32, 8, 2)
+        if hopper:  # atomic dQ: 32 rows x 128 keys, 8 warps (ptxas: 250 registers, no spill at sm_90a)
+            return FlashLaunch(128, 64, 8, 3, 32, 128, 8, 3, 128, 32, 8, 2, atomic_dq=True)
+        return FlashLaunch(128, 64, 8, 2, 64, 64, 8, 2, 128, 32, 8, 2)
     return FlashLaunch(64, 64, 8, 2, 32, 64, 8, 1, 64, 32, 8, 1)
 
 
@@ -342,14 +347,22 @@ def flash_attention_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causa
     common = dict(D=d, DVH=dvh, BLOCK_D=bd, BLOCK_DV=bdv, VARLEN=varlen, MASK_RIGHT=mask_right, MASK_LEFT=mask_left,
                   SOFTCAP=softcap > 0, F32=f32)
     g = hq // hkv
-    _flash_dkdv((-(-sk // p.dkdv_n), b * hkv), q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k, qk_mul, cap_mul, scale,
-                left, right, sq, sk, *_strides3(q, varlen), *_strides3(k, varlen), *_strides3(v, varlen),
-                *_strides3(dout, varlen), *_strides3(dk, varlen), *_strides3(dv, varlen), lse_b, lse_h, hkv, G=g,
-                BLOCK_M=p.dkdv_m, BLOCK_N=p.dkdv_n, num_warps=p.dkdv_warps, num_stages=p.dkdv_stages, **common)
-    _flash_dq((-(-sq // p.dq_m), b * hq), q, k, v, dout, lse, delta, dq, cu_q, cu_k, qk_mul, cap_mul, scale, left,
-              right, sq, sk, *_strides3(q, varlen), *_strides3(k, varlen), *_strides3(v, varlen),
-              *_strides3(dout, varlen), *_strides3(dq, varlen), lse_b, lse_h, hq, G=g, BLOCK_M=p.dq_m,
-              BLOCK_N=p.dq_n, num_warps=p.dq_warps, num_stages=p.dq_stages, **common)
+    atomic = p.atomic_dq and not torch.are_deterministic_algorithms_enabled()
+    # the fp32 dQ accumulator (zeroed: query rows no key block reaches get 0); without atomics the
+    # kernel gets dk as a pointer it never dereferences
+    dqa = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic else dk
+    _flash_dkdv((-(-sk // p.dkdv_n), b * hkv), q, k, v, dout, lse, delta, dk, dv, dqa, cu_q, cu_k, qk_mul, cap_mul,
+                scale, scale, left, right, sq, sk, *_strides3(q, varlen), *_strides3(k, varlen),
+                *_strides3(v, varlen), *_strides3(dout, varlen), *_strides3(dk, varlen), *_strides3(dv, varlen),
+                *_strides3(dqa, varlen), lse_b, lse_h, hkv, G=g, BLOCK_M=p.dkdv_m, BLOCK_N=p.dkdv_n,
+                ATOMIC_DQ=atomic, num_warps=p.dkdv_warps, num_stages=p.dkdv_stages, **common)
+    if atomic:
+        dq.copy_(dqa)
+    else:
+        _flash_dq((-(-sq // p.dq_m), b * hq), q, k, v, dout, lse, delta, dq, cu_q, cu_k, qk_mul, cap_mul, scale, left,
+                  right, sq, sk, *_strides3(q, varlen), *_strides3(k, varlen), *_strides3(v, varlen),
+                  *_strides3(dout, varlen), *_strides3(dq, varlen), lse_b, lse_h, hq, G=g, BLOCK_M=p.dq_m,
+                  BLOCK_N=p.dq_n, num_warps=p.dq_warps, num_stages=p.dq_stages, **common)
     dsinks = None
     if sinks is not None:
         # d sink_h = -sum_rows e^(sink_h - lse) * delta (the sink's probability times rowsum(dO * O))
