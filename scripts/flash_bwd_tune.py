@@ -25,13 +25,14 @@ from kernelset.ops.attention import launch as L
 
 # (dkdv_m, dkdv_n, warps, stages, atomic): ptxas on sm_90a (Triton 3.6) reports no spills for the
 # 32x128 / 16x128 atomic tiles at 8 warps; 64x64 atomic spills 76 bytes; 64x128 spills 584
+# (.., True, True): dQ as (K^T dS^T)^T, all wgmma (the 32-row dS^T K product is mma.sync), 32-64 B spilled.
+# H100 runs (docs/benchmarks/2026-11-25-h100-s9): run 1 swept 64x64, 16x128, 64x128, 32x128 with and
+# without atomics (32x128 atomic best, 9.9 ms bwd at B8 S4096 causal); run 2 added the transposed dQ
+# product (8.6 ms) over five shapes; this list is what stayed in contention
 CONFIGS = [
-    (32, 128, 8, 2, True), (32, 128, 8, 3, True), (32, 128, 8, 4, True), (16, 128, 8, 3, True),
-    (64, 64, 8, 2, True), (64, 64, 8, 3, True), (64, 128, 8, 2, True),
-    (32, 128, 8, 2, False), (64, 64, 8, 2, False),
+    (32, 128, 8, 3, True, True), (32, 128, 8, 2, True, True), (32, 128, 8, 4, True, True),
+    (64, 128, 8, 2, True, True), (64, 128, 8, 2, True), (32, 128, 8, 3, True),
 ]
-OTHERS = [(32, 128, 8, 3, True), (32, 128, 8, 2, True), (16, 128, 8, 3, True), (64, 128, 8, 2, True),
-          (64, 64, 8, 2, False)]  # the other shapes: the likely winners and the old policy
 SHAPES = [  # (B, S, Hq, Hkv, D, causal)
     (8, 4096, 32, 32, 128, True), (1, 16384, 32, 32, 128, True), (4, 4096, 32, 32, 128, False),
     (8, 4096, 32, 8, 128, True), (16, 2048, 16, 16, 64, True),
@@ -92,11 +93,13 @@ def run_shape(shape, configs, device):
     measure("sdpa-cudnn", _sdpa("CUDNN_ATTENTION"))
     base = L.flash_policy(d, d, torch.cuda.get_device_capability(device))
     measure(f"ours policy {base.dkdv_m}x{base.dkdv_n} w{base.dkdv_warps} s{base.dkdv_stages} "
-            f"{'atomic' if base.atomic_dq else 'dq-kernel'}", _ours)
-    for m, n, w, st, atomic in configs:
-        cfg = dataclasses.replace(base, dkdv_m=m, dkdv_n=n, dkdv_warps=w, dkdv_stages=st, atomic_dq=atomic)
+            f"{'atomic' if base.atomic_dq else 'dq-kernel'}{' trans' if base.dq_trans else ''}", _ours)
+    for m, n, w, st, atomic, *trans in configs:
+        trans = bool(trans and trans[0])
+        cfg = dataclasses.replace(base, dkdv_m=m, dkdv_n=n, dkdv_warps=w, dkdv_stages=st, atomic_dq=atomic,
+                                  dq_trans=trans)
         with L.FLASH_TUNING.use(L.FlashTuning(cfg)):
-            measure(f"ours {m}x{n} w{w} s{st} {'atomic' if atomic else 'dq-kernel'}", _ours)
+            measure(f"ours {m}x{n} w{w} s{st} {'atomic' if atomic else 'dq-kernel'}{' trans' if trans else ''}", _ours)
     flash = next((r for r in rows if r[0] == "sdpa-flash"), None)
     ours = [r for r in rows if r[0].startswith("ours")]
     if ours:
@@ -116,8 +119,8 @@ def main() -> int:
         return 2
     device = torch.device("cuda")
     print(torch.cuda.get_device_name(device), "torch", torch.__version__, "triton", __import__("triton").__version__)
-    for i, shape in enumerate(SHAPES[:1] if args.quick else SHAPES):
-        run_shape(shape, CONFIGS if i == 0 else OTHERS, device)
+    for shape in SHAPES[:1] if args.quick else SHAPES:
+        run_shape(shape, CONFIGS, device)
     return 0
 
 

@@ -94,11 +94,13 @@ def test_forward_and_grads(backend, dtype, case, device):
         assert torch.isneginf(got.lse[..., :25]).all() and torch.isfinite(got.lse[..., 25:]).all()
 
 
+@pytest.mark.parametrize("trans", [False, True], ids=["dsT-k", "kT-dsT"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
-def test_atomic_dq_gradients(dtype, case, device, monkeypatch):
+def test_atomic_dq_gradients(dtype, case, trans, device, monkeypatch):
     """dQ added atomically by the dK/dV kernel (the GPU policy's path) equals the reference, and the
-    separate dQ kernel does not run."""
+    separate dQ kernel does not run. trans: dQ^T = K^T dS^T (the launcher keeps it to head sizes
+    <= 128; mla-192-128 runs the other product)."""
     _, b, sq, sk, hq, hkv, d, dv, opts, _ = case
     opts = dict(opts)
     q = torch.randn(b, sq, hq, d, device=device).to(dtype).requires_grad_()
@@ -111,7 +113,7 @@ def test_atomic_dq_gradients(dtype, case, device, monkeypatch):
     want = _grads(_ref(*ref_ins, sinks=ref_sinks, **opts)[0], ref_ins + [ref_sinks], cot)
     monkeypatch.setattr(L, "_flash_dq", lambda *a, **kw: pytest.fail("the dQ kernel ran on the atomic path"))
     launch = SMALL if not torch.cuda.is_available() else L.flash_policy(d, dv, (9, 0))
-    with L.FLASH_TUNING.use(L.FlashTuning(dataclasses.replace(launch, atomic_dq=True))):
+    with L.FLASH_TUNING.use(L.FlashTuning(dataclasses.replace(launch, atomic_dq=True, dq_trans=trans))):
         out = ks.flash_attention(q, k, v, sinks=sinks, backend="triton", **opts)
         got = _grads(out, [q, k, v, sinks], cot.to(dtype))
     for name, a, e in zip(("dq", "dk", "dv", "dsinks"), got, want):
@@ -574,7 +576,7 @@ for arch in (90, 80):
                    window_right="i32", seq_q="i32", seq_k="i32", **strides("q", "k", "v", "do", "dk", "dv", "dqa"),
                    stride_lb="i32", stride_lh="i32", Hkv="i32")
         out.append(run(K._flash_attn_bwd_dkdv_kernel, sig, dict(DVH=dv, BLOCK_M=p.dkdv_m, BLOCK_N=p.dkdv_n,
-                       ATOMIC_DQ=p.atomic_dq, **common), p.dkdv_warps, p.dkdv_stages, arch, "dkdv-" + tag))
+                       ATOMIC_DQ=p.atomic_dq, DQ_TRANS=p.dq_trans, **common), p.dkdv_warps, p.dkdv_stages, arch, "dkdv-" + tag))
         sig = dict(Q="*bf16", K="*bf16", V="*bf16", DO="*bf16", LSE="*fp32", DELTA="*fp32", DQ="*bf16", **base,
                    dq_mul="fp32", window_left="i32", window_right="i32", seq_q="i32", seq_k="i32",
                    **strides("q", "k", "v", "do", "dq"), stride_lb="i32", stride_lh="i32", Hq="i32")

@@ -425,7 +425,8 @@ def _flash_attn_bwd_pre_kernel(O, DO, DELTA, R, Hq, seq_q, stride_ot, stride_oh,
 def _bwd_dkdv_block(dk, dv_acc, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, dqa_ptrs, dq_mul, m0, offs_n, n_ok,
                     off, len_q, qk_mul, cap_mul, window_left, window_right, d_ok, dv_ok, BLOCK_M: tl.constexpr,
                     MASK: tl.constexpr, MASK_RIGHT: tl.constexpr, MASK_LEFT: tl.constexpr, PAD_D: tl.constexpr,
-                    PAD_DV: tl.constexpr, SOFTCAP: tl.constexpr, ATOMIC_DQ: tl.constexpr, F32: tl.constexpr):
+                    PAD_DV: tl.constexpr, SOFTCAP: tl.constexpr, ATOMIC_DQ: tl.constexpr, DQ_TRANS: tl.constexpr,
+                    F32: tl.constexpr):
     offs_m = m0 + tl.arange(0, BLOCK_M)
     if MASK:
         m_ok = offs_m < len_q
@@ -467,7 +468,10 @@ def _bwd_dkdv_block(dk, dv_acc, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, dqa
     dk += _dot(ds16, q, F32)
     if ATOMIC_DQ:
         # this key block's share of dQ for these rows: scale * dS K, added in fp32 (order not fixed)
-        dq_part = _dot(tl.trans(ds16), k, F32) * dq_mul
+        if DQ_TRANS:
+            dq_part = tl.trans(_dot(tl.trans(k), ds16, F32) * dq_mul)
+        else:
+            dq_part = _dot(tl.trans(ds16), k, F32) * dq_mul
         if MASK:
             tl.atomic_add(dqa_ptrs, dq_part, mask=m_ok[:, None] & d_ok[None, :], sem="relaxed")
         elif PAD_D:
@@ -486,7 +490,7 @@ def _flash_attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQA, CUQ, CUK, 
                                 D: tl.constexpr, DVH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, VARLEN: tl.constexpr,
                                 MASK_RIGHT: tl.constexpr, MASK_LEFT: tl.constexpr, SOFTCAP: tl.constexpr,
-                                ATOMIC_DQ: tl.constexpr, F32: tl.constexpr):
+                                ATOMIC_DQ: tl.constexpr, DQ_TRANS: tl.constexpr, F32: tl.constexpr):
     """dK, dV of one block of BLOCK_N keys of one (sequence, KV head): the G query heads that share
     the KV head are walked in the program, so dK and dV are complete without atomics.
     dV = sum P^T dO, dK = scale * sum dS^T Q with dS = P (dP - delta) (times 1 - tanh^2 with softcap).
@@ -570,7 +574,7 @@ def _flash_attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQA, CUQ, CUK, 
                 dk, dv_acc = _bwd_dkdv_block(dk, dv_acc, k, v, q_ptrs, do_ptrs, l_base + m0 + offs_m,
                                              dl_base + m0 + offs_m, dqa_ptrs, dq_mul, m0, offs_n, n_ok, off, len_q, qk_mul,
                                              cap_mul, window_left, window_right, d_ok, dv_ok, BLOCK_M, part != 1,
-                                             MASK_RIGHT, MASK_LEFT, PAD_D, PAD_DV, SOFTCAP, ATOMIC_DQ, F32)
+                                             MASK_RIGHT, MASK_LEFT, PAD_D, PAD_DV, SOFTCAP, ATOMIC_DQ, DQ_TRANS, F32)
                 q_ptrs += BLOCK_M * stride_qs
                 do_ptrs += BLOCK_M * stride_dos
                 dqa_ptrs += BLOCK_M * stride_dqas

@@ -221,6 +221,9 @@ class FlashLaunch:
     # dQ by atomic fp32 adds from the dK/dV kernel (5 products per tile pair; the dQ kernel and its
     # 2 recomputed products are skipped) unless torch's deterministic algorithms are on
     atomic_dq: bool = False
+    # atomic dQ computed as (K^T dS^T)^T: at 32-row tiles a 128-row wgmma instead of a 32-row
+    # mma.sync (H100: backward 8.6 vs 10.2 ms at B8 S4096 D128 causal); head sizes <= 128 only
+    dq_trans: bool = False
 
 
 @hash_once
@@ -246,8 +249,8 @@ def flash_policy(head_dim: int, v_dim: int, arch: tuple[int, int] | None) -> Fla
     if bd <= 64:
         return FlashLaunch(128, 64, 4, 3 if hopper else 2, 64, 128, 8, 2, 128, 64, 4, 2, atomic_dq=hopper)
     if bd <= 128:
-        if hopper:  # atomic dQ: 32 rows x 128 keys, 8 warps (ptxas: 250 registers, no spill at sm_90a)
-            return FlashLaunch(128, 64, 8, 3, 32, 128, 8, 3, 128, 32, 8, 2, atomic_dq=True)
+        if hopper:  # atomic dQ: 32 rows x 128 keys, 8 warps, dQ^T = K^T dS^T (scripts/flash_bwd_tune.py)
+            return FlashLaunch(128, 64, 8, 3, 32, 128, 8, 3, 128, 32, 8, 2, atomic_dq=True, dq_trans=True)
         return FlashLaunch(128, 64, 8, 2, 64, 64, 8, 2, 128, 32, 8, 2)
     return FlashLaunch(64, 64, 8, 2, 32, 64, 8, 1, 64, 32, 8, 1)
 
@@ -348,6 +351,9 @@ def flash_attention_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causa
                   SOFTCAP=softcap > 0, F32=f32)
     g = hq // hkv
     atomic = p.atomic_dq and not torch.are_deterministic_algorithms_enabled()
+    # the transposed dQ product at head sizes padded to 256 gave a wrong dQ on an H100 (Triton 3.6,
+    # D 192: rel err 0.64, docs/benchmarks/2026-11-25-h100-s9 run 3); it is only claimed up to 128
+    trans = atomic and p.dq_trans and bd <= 128
     # the fp32 dQ accumulator (zeroed: query rows no key block reaches get 0); without atomics the
     # kernel gets dk as a pointer it never dereferences
     dqa = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic else dk
@@ -355,7 +361,7 @@ def flash_attention_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causa
                 scale, scale, left, right, sq, sk, *_strides3(q, varlen), *_strides3(k, varlen),
                 *_strides3(v, varlen), *_strides3(dout, varlen), *_strides3(dk, varlen), *_strides3(dv, varlen),
                 *_strides3(dqa, varlen), lse_b, lse_h, hkv, G=g, BLOCK_M=p.dkdv_m, BLOCK_N=p.dkdv_n,
-                ATOMIC_DQ=atomic, num_warps=p.dkdv_warps, num_stages=p.dkdv_stages, **common)
+                ATOMIC_DQ=atomic, DQ_TRANS=trans, num_warps=p.dkdv_warps, num_stages=p.dkdv_stages, **common)
     if atomic:
         dq.copy_(dqa)
     else:
