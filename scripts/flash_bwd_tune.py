@@ -2,6 +2,7 @@
 
     python scripts/flash_bwd_tune.py                     # B8 S4096 H32 D128 causal, and the other shapes
     python scripts/flash_bwd_tune.py --quick             # the bar shape only
+    python scripts/flash_bwd_tune.py --wide              # head sizes 256 and 192/128 (WIDE_CONFIGS)
 
 For each shape: SDPA's flash and cuDNN backends (fwd+bwd, their own backward) and our Triton
 forward + backward under each launch in CONFIGS, every gradient checked against SDPA flash's
@@ -54,14 +55,25 @@ def _ours(q, k, v, causal):
     return ks.flash_attention(q, k, v, causal=causal, backend="triton")
 
 
+WIDE_CONFIGS = [(32, 64, 8, 1, True), (32, 64, 8, 2, True), (16, 128, 8, 1, True), (16, 64, 4, 2, True),
+                (32, 64, 8, 1, False)]  # head sizes 192 / 256 (padded to 256): dK/dV take most registers
+WIDE_SHAPES = [(4, 4096, 16, 16, 256, True), (4, 4096, 16, 16, 192, 128, True)]  # Gemma; MLA prefill (qk 192, v 128)
+
+
 def run_shape(shape, configs, device):
-    b, s, hq, hkv, d, causal = shape
+    if len(shape) == 7:  # (B, S, Hq, Hkv, D, Dv, causal)
+        b, s, hq, hkv, d, dv, causal = shape
+    else:
+        b, s, hq, hkv, d, causal = shape
+        dv = d
     gen = torch.Generator(device=device).manual_seed(0)
-    mk = lambda h: torch.randn(b, s, h, d, device=device, dtype=torch.bfloat16, generator=gen)  # noqa: E731
-    q, k, v = (mk(h).requires_grad_() for h in (hq, hkv, hkv))
-    do = mk(hq)
-    flops = 4 * b * hq * s * s * d // (2 if causal else 1)  # forward; the backward is 2.5x
-    print(f"\n== B{b} S{s} H{hq}/{hkv} D{d} {'causal' if causal else 'full'}: fwd {flops / 1e12:.2f} TFLOP", flush=True)
+    mk = lambda h, e: torch.randn(b, s, h, e, device=device, dtype=torch.bfloat16, generator=gen)  # noqa: E731
+    q, k, v = mk(hq, d).requires_grad_(), mk(hkv, d).requires_grad_(), mk(hkv, dv).requires_grad_()
+    do = mk(hq, dv)
+    flops = 2 * b * hq * s * s * (d + dv) // (2 if causal else 1)  # forward; the backward is 2.5x
+    dims = f"D{d}" if d == dv else f"D{d}/{dv}"
+    print(f"\n== B{b} S{s} H{hq}/{hkv} {dims} {'causal' if causal else 'full'}: fwd {flops / 1e12:.2f} TFLOP",
+          flush=True)
     want = None
     rows = []
 
@@ -91,7 +103,7 @@ def run_shape(shape, configs, device):
 
     measure("sdpa-flash", _sdpa("FLASH_ATTENTION"))
     measure("sdpa-cudnn", _sdpa("CUDNN_ATTENTION"))
-    base = L.flash_policy(d, d, torch.cuda.get_device_capability(device))
+    base = L.flash_policy(d, dv, torch.cuda.get_device_capability(device))
     measure(f"ours policy {base.dkdv_m}x{base.dkdv_n} w{base.dkdv_warps} s{base.dkdv_stages} "
             f"{'atomic' if base.atomic_dq else 'dq-kernel'}{' trans' if base.dq_trans else ''}", _ours)
     for m, n, w, st, atomic, *trans in configs:
@@ -113,12 +125,17 @@ def run_shape(shape, configs, device):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the bar shape only")
+    ap.add_argument("--wide", action="store_true", help="head sizes 256 and 192/128 instead")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     device = torch.device("cuda")
     print(torch.cuda.get_device_name(device), "torch", torch.__version__, "triton", __import__("triton").__version__)
+    if args.wide:
+        for shape in WIDE_SHAPES:
+            run_shape(shape, WIDE_CONFIGS, device)
+        return 0
     for shape in SHAPES[:1] if args.quick else SHAPES:
         run_shape(shape, CONFIGS, device)
     return 0
