@@ -68,13 +68,20 @@ CASES = [
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
-def test_forward_and_grads(backend, dtype, case, device):
+def _case_inputs(case, dtype, device):
+    """q, k, v (dtype, requiring grad), sinks or None, and the case's options without 'sinks'."""
     _, b, sq, sk, hq, hkv, d, dv, opts, _ = case
     opts = dict(opts)
     q = torch.randn(b, sq, hq, d, device=device).to(dtype).requires_grad_()
     k = torch.randn(b, sk, hkv, d, device=device).to(dtype).requires_grad_()
     v = torch.randn(b, sk, hkv, dv, device=device).to(dtype).requires_grad_()
     sinks = (torch.randn(hq, device=device) * 2).requires_grad_() if opts.pop("sinks", False) else None
+    return q, k, v, sinks, opts
+
+
+def test_forward_and_grads(backend, dtype, case, device):
+    _, b, sq, sk, hq, hkv, d, dv, _, _ = case
+    q, k, v, sinks, opts = _case_inputs(case, dtype, device)
     got = ks.flash_attention(q, k, v, sinks=sinks, return_lse=True, backend=backend, **opts)
     assert got.out.dtype == dtype and got.out.shape == (b, sq, hq, dv) and got.lse.shape == (b, hq, sq)
     ins = [q, k, v, sinks]
@@ -101,12 +108,8 @@ def test_atomic_dq_gradients(dtype, case, trans, device, monkeypatch):
     """dQ added atomically by the dK/dV kernel (the GPU policy's path) equals the reference, and the
     separate dQ kernel does not run. trans: dQ^T = K^T dS^T (the launcher keeps it to head sizes
     <= 128; mla-192-128 runs the other product)."""
-    _, b, sq, sk, hq, hkv, d, dv, opts, _ = case
-    opts = dict(opts)
-    q = torch.randn(b, sq, hq, d, device=device).to(dtype).requires_grad_()
-    k = torch.randn(b, sk, hkv, d, device=device).to(dtype).requires_grad_()
-    v = torch.randn(b, sk, hkv, dv, device=device).to(dtype).requires_grad_()
-    sinks = (torch.randn(hq, device=device) * 2).requires_grad_() if opts.pop("sinks", False) else None
+    _, b, sq, _, hq, _, d, dv, _, _ = case
+    q, k, v, sinks, opts = _case_inputs(case, dtype, device)
     cot = torch.randn(b, sq, hq, dv, device=device)
     ref_ins = [t.detach().float().requires_grad_() for t in (q, k, v)]
     ref_sinks = None if sinks is None else sinks.detach().clone().requires_grad_()

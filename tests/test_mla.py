@@ -310,7 +310,7 @@ for name, arch, b, h, kv in (("h128-sm90", 90, 64, 128, "bf16"), ("h128-fp8-sm90
                              ("h16-sm90", 90, 64, 16, "bf16"), ("h128-sm80", 80, 64, 128, "bf16")):
     p = mla_policy(b, h, 512, 64, 4096, 132, kv.startswith("fp8"))
     consts = dict(R=512, P=64, BS=64, BLOCK_H=p.block_h, BLOCK_N=p.block_n, BLOCK_R=p.block_r, BLOCK_P=p.block_p,
-                  SPLITS=p.splits, LAZY=p.lazy, FP8=kv.startswith("fp8"), F32=False)
+                  SPLITS=p.splits, LAZY=p.lazy, FP8=kv.startswith("fp8"), F32=False, PREFETCH_PAGES=p.prefetch_pages)
     out.append(run(K._mla_decode_fwd_kernel, sig(kv, p.splits), consts, p.num_warps, p.num_stages, arch, name))
 print(json.dumps(out))
 """

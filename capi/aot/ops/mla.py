@@ -130,7 +130,7 @@ MLA_DECODE = Op(
       fp8 ? KVSCALE : NULL, KS_DT_F32, OUT, q_dtype, lse, KS_DT_F32, po, KS_DT_F32, plse, KS_DT_F32,
       scale * 1.4426950408889634, H, p.head_tiles, p.partition, num_blocks, max_table, max_keys, stride_qnb,
       stride_qnh, stride_qpb, stride_qph, stride_kvb, stride_kvs, stride_bt, R, P, block_size, p.block_h, p.block_n,
-      p.block_r, p.block_p, p.splits, p.lazy, fp8, q_dtype == KS_DT_F32);
+      p.block_r, p.block_p, p.splits, p.lazy, fp8, q_dtype == KS_DT_F32, p.prefetch_pages);
   if (s != KS_OK || p.splits == 1) return s;
   ks_pol_mla_reduce_t r;
   if (ks_pol_mla_reduce(p.splits, &r)) return ks_gen_policy_failed(err, errlen, "mla_reduce_policy");

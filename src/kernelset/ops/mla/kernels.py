@@ -28,7 +28,8 @@ def _mla_decode_fwd_kernel(QN, QP, KV, BT, SEQ, KVSCALE, O, LSE, PO, PLSE,
                            stride_qnb, stride_qnh, stride_qpb, stride_qph, stride_kvb, stride_kvs, stride_bt,
                            R: tl.constexpr, P: tl.constexpr, BS: tl.constexpr, BLOCK_H: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
-                           SPLITS: tl.constexpr, LAZY: tl.constexpr, FP8: tl.constexpr, F32: tl.constexpr):
+                           SPLITS: tl.constexpr, LAZY: tl.constexpr, FP8: tl.constexpr, F32: tl.constexpr,
+                           PREFETCH_PAGES: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     # head tiles of one sequence are neighbours in launch order: they read the same cache rows
@@ -60,11 +61,22 @@ def _mla_decode_fwd_kernel(QN, QP, KV, BT, SEQ, KVSCALE, O, LSE, PO, PLSE,
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_R], tl.float32)
     bt_row = BT + b64 * stride_bt
+    offs = start + tl.arange(0, BLOCK_N)
+    col = offs // BS
+    page_next = tl.load(bt_row + col, mask=(offs < end) & (col < max_table), other=-1)
     for n0 in range(start, end, BLOCK_N):
         offs = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs < end
-        col = offs // BS
-        page = tl.load(bt_row + col, mask=n_ok & (col < max_table), other=-1).to(tl.int64)
+        if PREFETCH_PAGES:
+            # the block-table entries of the next step are loaded one step ahead, so this step's
+            # cache addresses do not wait on a load issued in the same step
+            page = page_next.to(tl.int64)
+            offs_next = offs + BLOCK_N
+            col_next = offs_next // BS
+            page_next = tl.load(bt_row + col_next, mask=(offs_next < end) & (col_next < max_table), other=-1)
+        else:
+            col = offs // BS
+            page = tl.load(bt_row + col, mask=n_ok & (col < max_table), other=-1).to(tl.int64)
         page_ok = (page >= 0) & (page < num_blocks)
         ld = n_ok & page_ok
         row = page * stride_kvb + (offs % BS).to(tl.int64) * stride_kvs

@@ -40,6 +40,7 @@ class MlaTuning:
     # rescale the accumulator only when a row max grew by > 2^8: correct, but its branch cost
     # 10-30% on the H100 (the accumulator rescale is not what bounds this kernel), so off
     lazy: bool = False
+    prefetch_pages: bool | None = None  # force the block-table prefetch on or off (None: the policy decides)
     waves: float = 1.0  # programs wanted per SM before splitting stops (1 beat 2 by 1-6%)
     min_partition: int = 256  # fewest tokens per split
     max_splits: int = 64  # the reduce kernel holds every split's partial of one row at once
@@ -60,6 +61,7 @@ class MlaLaunch:
     num_warps: int
     num_stages: int
     lazy: bool
+    prefetch_pages: bool  # the next step's block-table entries loaded one step ahead
 
 
 @functools.lru_cache(maxsize=4096)
@@ -88,8 +90,13 @@ def mla_policy(batch: int, heads: int, rank: int, rope_dim: int, max_keys: int, 
     # fp8 caches: one stage measured 8% faster than two at 64-head tiles (the e4m3 widening
     # between load and dot leaves nothing for a second buffer to hide)
     stages = (1 if block_h >= 64 else 2) if fp8 else 2  # (nested: the C translation takes no `and` of ints)
+    # block-table prefetch, H100 (docs/benchmarks/2026-11-25-h100-s9 run 6): 16 heads 167 -> 136 us,
+    # 128 heads 416 -> 405 us; an fp8 cache at 64-head tiles (one stage) 445 -> 459 us, so not there
+    prefetch = (block_h < 64) if fp8 else True
+    if tuning.prefetch_pages is not None:
+        prefetch = tuning.prefetch_pages
     return MlaLaunch(block_h, block_n, block_r, block_p, head_tiles, splits, partition, warps,
-                     tuning.num_stages or stages, tuning.lazy)
+                     tuning.num_stages or stages, tuning.lazy, prefetch)
 
 
 def mla_reduce_policy(splits: int) -> ReduceLaunch:
@@ -122,7 +129,8 @@ def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, kv_scale, m
          out, lse, po, plse, scale * 1.4426950408889634, h, p.head_tiles, p.partition, nb, max_table, max_keys,
          q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), kv_cache.stride(0), kv_cache.stride(1),
          block_table.stride(0), R=r, P=p_dim, BS=bs, BLOCK_H=p.block_h, BLOCK_N=p.block_n, BLOCK_R=p.block_r,
-         BLOCK_P=p.block_p, SPLITS=p.splits, LAZY=p.lazy, FP8=fp8, F32=f32, num_warps=p.num_warps, num_stages=p.num_stages)
+         BLOCK_P=p.block_p, SPLITS=p.splits, LAZY=p.lazy, FP8=fp8, F32=f32, num_warps=p.num_warps, num_stages=p.num_stages,
+         PREFETCH_PAGES=p.prefetch_pages)
     if p.splits > 1:
         red = mla_reduce_policy(p.splits)
         _reduce((b * h,), po, plse, None, out, lse, p.splits, D=r, BLOCK_S=red.block_s,
