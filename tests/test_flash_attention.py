@@ -65,9 +65,6 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
 def _case_inputs(case, dtype, device):
     """q, k, v (dtype, requiring grad), sinks or None, and the case's options without 'sinks'."""
     _, b, sq, sk, hq, hkv, d, dv, opts, _ = case
@@ -79,6 +76,9 @@ def _case_inputs(case, dtype, device):
     return q, k, v, sinks, opts
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
 def test_forward_and_grads(backend, dtype, case, device):
     _, b, sq, sk, hq, hkv, d, dv, _, _ = case
     q, k, v, sinks, opts = _case_inputs(case, dtype, device)
