@@ -32,6 +32,8 @@ def main() -> None:
     if prefetch:
         space = [(64, bn, 8, st, 1.0, pf) for pf in (False, True) for bn, st in ((64, 2), (32, 2), (64, 1))]
     shapes = [(64, 4096, 128, 512, 64, 64, 16), (64, 4096, 128, 512, 64, 64, 8), (64, 4096, 16, 512, 64, 64, 16)]
+    if prefetch:  # long contexts at a small batch: many splits
+        shapes += [(4, 32768, 128, 512, 64, 64, 16), (1, 32768, 16, 512, 64, 64, 16)]
     for shape in shapes:
         inp = ADAPTERS["mla_decode"].inputs(shape, torch.bfloat16, dev, "fwd")
         ref = ADAPTERS["mla_decode"].reference(inp, "fwd")[0]

@@ -81,6 +81,11 @@ def mla_policy(batch: int, heads: int, rank: int, rope_dim: int, max_keys: int, 
         splits = tuning.splits
     elif base >= 2 * sms:
         splits = 1
+    elif block_h >= 64:
+        # one program per SM (the 64 x 512 accumulator and the cache tiles): the most splits that
+        # still fit one wave, since a second wave of a few programs costs a whole program's time
+        # (B4 ctx 32768: 17 splits = 136 programs on 132 SMs)
+        splits = min(max(1, sms // base), -(-keys // tuning.min_partition))
     else:
         splits = min(math.ceil(tuning.waves * sms / base), -(-keys // tuning.min_partition))
     splits = max(1, min(splits, tuning.max_splits))
