@@ -5,8 +5,8 @@
     python scripts/flash_bwd_tune.py --wide              # head sizes 256 and 192/128 (WIDE_CONFIGS)
 
 For each shape: SDPA's flash and cuDNN backends (fwd+bwd, their own backward) and our Triton
-forward + backward under each launch in CONFIGS, every gradient checked against SDPA flash's
-(a wrong config is printed WRONG and gets no time), timed with CUDA events (median). The backward
+forward + backward under each launch in CONFIGS, every gradient checked against SDPA flash's, or
+the first implementation that ran where it cannot (a wrong config is printed WRONG and gets no time), timed with CUDA events (median). The backward
 alone is timed by replaying autograd.grad over one saved forward. Prints the best config per
 shape; the policy in ops/attention/launch.py takes the winner.
 """
@@ -82,8 +82,9 @@ def run_shape(shape, configs, device):
         try:
             out = fwd(q, k, v, causal)
             grads = torch.autograd.grad(out, (q, k, v), do)
-            if want is None:
+            if want is None:  # SDPA flash's; where it has no kernel (192/128), the next that ran
                 want = grads
+                print(f"  (gradients checked against {name}'s)", flush=True)
             elif check:
                 errs = [rel_err(g, w) for g, w in zip(grads, want)]
                 if max(errs) > 2e-2:

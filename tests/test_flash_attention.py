@@ -65,6 +65,11 @@ CASES = [
 ]
 
 
+def _launch(d, dv, device):
+    """The tiles tests run with here: 16x16 in the interpreter, the device's own policy on a GPU."""
+    return SMALL if not torch.cuda.is_available() else L.flash_policy(d, dv, torch.cuda.get_device_capability())
+
+
 def _case_inputs(case, dtype, device):
     """q, k, v (dtype, requiring grad), sinks or None, and the case's options without 'sinks'."""
     _, b, sq, sk, hq, hkv, d, dv, opts, _ = case
@@ -115,8 +120,8 @@ def test_atomic_dq_gradients(dtype, case, trans, device, monkeypatch):
     ref_sinks = None if sinks is None else sinks.detach().clone().requires_grad_()
     want = _grads(_ref(*ref_ins, sinks=ref_sinks, **opts)[0], ref_ins + [ref_sinks], cot)
     monkeypatch.setattr(L, "_flash_dq", lambda *a, **kw: pytest.fail("the dQ kernel ran on the atomic path"))
-    launch = SMALL if not torch.cuda.is_available() else L.flash_policy(d, dv, (9, 0))
-    with L.FLASH_TUNING.use(L.FlashTuning(dataclasses.replace(launch, atomic_dq=True, dq_trans=trans))):
+    with L.FLASH_TUNING.use(L.FlashTuning(dataclasses.replace(_launch(d, dv, device), atomic_dq=True,
+                                                              dq_trans=trans))):
         out = ks.flash_attention(q, k, v, sinks=sinks, backend="triton", **opts)
         got = _grads(out, [q, k, v, sinks], cot.to(dtype))
     for name, a, e in zip(("dq", "dk", "dv", "dsinks"), got, want):
@@ -130,8 +135,7 @@ def test_atomic_dq_ragged_key_block_with_very_negative_scores(device):
     q = (-20.0 + torch.randn(1, 18, 1, 32, device=device)).requires_grad_()
     v = torch.randn(1, 29, 1, 32, device=device).requires_grad_()
     cot = torch.randn(1, 18, 1, 32, device=device)
-    launch = SMALL if not torch.cuda.is_available() else L.flash_policy(32, 32, (9, 0))
-    with L.FLASH_TUNING.use(L.FlashTuning(dataclasses.replace(launch, atomic_dq=True))):
+    with L.FLASH_TUNING.use(L.FlashTuning(dataclasses.replace(_launch(32, 32, device), atomic_dq=True))):
         got = _grads(ks.flash_attention(q, k, v, backend="triton"), [q, k, v], cot)
     ref_ins = [t.detach().requires_grad_() for t in (q, k, v)]
     want = _grads(_ref(*ref_ins)[0], ref_ins, cot)
@@ -193,6 +197,20 @@ def test_strided_inputs_are_honoured(device):
     assert rel_err(got, _ref(qt, k, v, causal=False)[0]) < 1e-5
 
 
+@pytest.mark.parametrize("atomic", [False, True], ids=["dq-kernel", "atomic-dq"])
+def test_strided_gradients(atomic, device):
+    """Gradients of q, k, v that are views of a fused qkv [B, S, 3, H, D] (dQ's accumulator has its
+    own contiguous layout on the atomic path)."""
+    qkv = torch.randn(2, 37, 3, 2, 32, device=device).requires_grad_()
+    q, k, v = qkv.unbind(2)
+    cot = torch.randn(2, 37, 2, 32, device=device)
+    with L.FLASH_TUNING.use(L.FlashTuning(dataclasses.replace(_launch(32, 32, device), atomic_dq=atomic))):
+        (got,) = _grads(ks.flash_attention(q, k, v, causal=True, backend="triton"), [qkv], cot)
+    ref = qkv.detach().clone().requires_grad_()
+    (want,) = _grads(_ref(*ref.unbind(2), causal=True)[0], [ref], cot)
+    _close(got, want, torch.float32, True, "dqkv")
+
+
 # (id, query lengths, key lengths, options, why)
 VARLEN = [
     ("causal", [0, 1, 17, 40], [0, 1, 30, 40], dict(causal=True), "empty, single token, chunk after a prefix, "
@@ -203,10 +221,13 @@ VARLEN = [
 ]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS + ["triton-atomic-dq"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("case", VARLEN, ids=lambda c: c[0])
 def test_varlen_equals_per_sequence_dense(backend, dtype, case, device):
+    if backend == "triton-atomic-dq":  # dQ by atomics into a [T, Hq, D] accumulator
+        with L.FLASH_TUNING.use(L.FlashTuning(dataclasses.replace(_launch(32, 32, device), atomic_dq=True))):
+            return test_varlen_equals_per_sequence_dense("triton", dtype, case, device)
     _, lq, lk, opts, _ = case
     opts = dict(opts)
     hq, hkv, d = 4, 2, 32
@@ -579,7 +600,8 @@ for arch in (90, 80):
                    window_right="i32", seq_q="i32", seq_k="i32", **strides("q", "k", "v", "do", "dk", "dv", "dqa"),
                    stride_lb="i32", stride_lh="i32", Hkv="i32")
         out.append(run(K._flash_attn_bwd_dkdv_kernel, sig, dict(DVH=dv, BLOCK_M=p.dkdv_m, BLOCK_N=p.dkdv_n,
-                       ATOMIC_DQ=p.atomic_dq, DQ_TRANS=p.dq_trans, **common), p.dkdv_warps, p.dkdv_stages, arch, "dkdv-" + tag))
+                       ATOMIC_DQ=p.atomic_dq, DQ_TRANS=p.dq_trans, **common), p.dkdv_warps, p.dkdv_stages, arch,
+                       "dkdv-" + tag))
         sig = dict(Q="*bf16", K="*bf16", V="*bf16", DO="*bf16", LSE="*fp32", DELTA="*fp32", DQ="*bf16", **base,
                    dq_mul="fp32", window_left="i32", window_right="i32", seq_q="i32", seq_k="i32",
                    **strides("q", "k", "v", "do", "dq"), stride_lb="i32", stride_lh="i32", Hq="i32")

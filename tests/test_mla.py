@@ -93,16 +93,17 @@ def test_paged_equals_contiguous(backend, dtype, case, device):
             assert torch.equal(got.out[b], torch.zeros_like(got.out[b])) and torch.isneginf(got.lse[b]).all()
 
 
+@pytest.mark.parametrize("prefetch", [False, True], ids=["table-in-step", "table-prefetched"])
 @pytest.mark.parametrize("splits", [2, 5, 64])
-def test_split_kv_equals_one_pass(splits, device):
+def test_split_kv_equals_one_pass(splits, prefetch, device):
     lens = [300, 77, 1, 0]
     seqs = [torch.randn(n, 80, device=device) for n in lens]
     cache, table, seq_lens = _paged(seqs, 16, device)
     q_nope, q_pe = torch.randn(4, 16, 64, device=device), torch.randn(4, 16, 16, device=device)
     kw = dict(scale=0.125, kv_lora_rank=64, rope_dim=16, return_lse=True, backend="triton")
-    with L.TUNING.use(L.MlaTuning(splits=1)):
+    with L.TUNING.use(L.MlaTuning(splits=1, prefetch_pages=prefetch)):
         one = ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, **kw)
-    with L.TUNING.use(L.MlaTuning(splits=splits, block_n=16)):
+    with L.TUNING.use(L.MlaTuning(splits=splits, block_n=16, prefetch_pages=prefetch)):
         many = ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, **kw)
     pol = L.mla_policy(4, 16, 64, 16, table.shape[1] * 16, L.sm_count(q_nope.device), False,
                        L.MlaTuning(splits=splits, block_n=16))
@@ -132,6 +133,11 @@ def test_lazy_rescale_equals_eager(scale, device):
 def test_default_policy():
     p = L.mla_policy(64, 128, 512, 64, 4096, 132)
     assert (p.block_h, p.head_tiles, p.num_warps) == (64, 2, 8) and p.splits * p.partition >= 4096
+    # 64-head tiles run one program per SM: the most splits that fit one wave
+    assert p.splits == 1 and p.prefetch_pages
+    long = L.mla_policy(4, 128, 512, 64, 32768, 132)
+    assert long.splits == 16 and 4 * long.head_tiles * long.splits <= 132
+    assert not L.mla_policy(64, 128, 512, 64, 4096, 132, True).prefetch_pages  # fp8, one stage: off
     assert L.mla_policy(1, 16, 512, 64, 32768, 132).splits >= 32  # one long sequence fills the GPU
     assert L.mla_policy(512, 128, 512, 64, 4096, 132).splits == 1  # 1024 programs: no split
 

@@ -494,9 +494,9 @@ def _flash_attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQA, CUQ, CUK, 
     """dK, dV of one block of BLOCK_N keys of one (sequence, KV head): the G query heads that share
     the KV head are walked in the program, so dK and dV are complete without atomics.
     dV = sum P^T dO, dK = scale * sum dS^T Q with dS = P (dP - delta) (times 1 - tanh^2 with softcap).
-    ATOMIC_DQ: also dQ += scale * dS K into the fp32 buffer DQA with atomic adds (FlashAttention-2's
-    5 products per tile pair instead of 7 with the separate dQ kernel; the summation order of dQ then
-    varies from run to run)."""
+    ATOMIC_DQ: also dQ += scale * dS K into DQA (fp32 [B, Sq, Hq, D] / [T, Hq, D]) with atomic adds:
+    FlashAttention-2's 5 products per tile pair instead of 7 with the separate dQ kernel; the order
+    of the additions to dQ then varies from run to run."""
     start_n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // Hkv
@@ -572,9 +572,10 @@ def _flash_attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQA, CUQ, CUK, 
             dqa_ptrs = dqa_base + rows[:, None].to(tl.int64) * stride_dqas + d[None, :]
             for m0 in range(m_lo, m_hi, BLOCK_M):
                 dk, dv_acc = _bwd_dkdv_block(dk, dv_acc, k, v, q_ptrs, do_ptrs, l_base + m0 + offs_m,
-                                             dl_base + m0 + offs_m, dqa_ptrs, dq_mul, m0, offs_n, n_ok, off, len_q, qk_mul,
-                                             cap_mul, window_left, window_right, d_ok, dv_ok, BLOCK_M, part != 1,
-                                             MASK_RIGHT, MASK_LEFT, PAD_D, PAD_DV, SOFTCAP, ATOMIC_DQ, DQ_TRANS, F32)
+                                             dl_base + m0 + offs_m, dqa_ptrs, dq_mul, m0, offs_n, n_ok, off, len_q,
+                                             qk_mul, cap_mul, window_left, window_right, d_ok, dv_ok, BLOCK_M, part != 1,
+                                             MASK_RIGHT, MASK_LEFT, PAD_D, PAD_DV, SOFTCAP, ATOMIC_DQ, DQ_TRANS,
+                                             F32)
                 q_ptrs += BLOCK_M * stride_qs
                 do_ptrs += BLOCK_M * stride_dos
                 dqa_ptrs += BLOCK_M * stride_dqas

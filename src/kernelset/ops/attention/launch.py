@@ -320,7 +320,9 @@ def flash_attention_fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window
 
 
 def flash_attention_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, sinks):
-    """(dq like q, dk like k, dv like v, dsinks [Hq] fp32 or None); fp32 accumulation, no atomics."""
+    """(dq like q, dk like k, dv like v, dsinks [Hq] fp32 or None); fp32 accumulation. dQ by fp32
+    atomics from the dK/dV kernel (the order of its additions varies between runs) where the policy
+    asks for it, else (and under torch.use_deterministic_algorithms) by its own kernel."""
     varlen, b, sq, sk = _geometry(q, k, cu_q, max_q, max_k)
     hq, d = q.shape[-2:]
     hkv, dvh = v.shape[-2:]
@@ -365,7 +367,7 @@ def flash_attention_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causa
                 *_strides3(dqa, varlen), lse_b, lse_h, hkv, G=g, BLOCK_M=p.dkdv_m, BLOCK_N=p.dkdv_n,
                 ATOMIC_DQ=atomic, DQ_TRANS=trans, num_warps=p.dkdv_warps, num_stages=p.dkdv_stages, **common)
     if atomic:
-        dq.copy_(dqa)
+        dq = dqa if q.dtype == torch.float32 else dq.copy_(dqa)
     else:
         _flash_dq((-(-sq // p.dq_m), b * hq), q, k, v, dout, lse, delta, dq, cu_q, cu_k, qk_mul, cap_mul, scale, left,
                   right, sq, sk, *_strides3(q, varlen), *_strides3(k, varlen), *_strides3(v, varlen),

@@ -61,9 +61,10 @@ def _mla_decode_fwd_kernel(QN, QP, KV, BT, SEQ, KVSCALE, O, LSE, PO, PLSE,
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_R], tl.float32)
     bt_row = BT + b64 * stride_bt
-    offs = start + tl.arange(0, BLOCK_N)
-    col = offs // BS
-    page_next = tl.load(bt_row + col, mask=(offs < end) & (col < max_table), other=-1)
+    if PREFETCH_PAGES:
+        offs = start + tl.arange(0, BLOCK_N)
+        col = offs // BS
+        page_next = tl.load(bt_row + col, mask=(offs < end) & (col < max_table), other=-1)
     for n0 in range(start, end, BLOCK_N):
         offs = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs < end

@@ -84,7 +84,7 @@ def mla_policy(batch: int, heads: int, rank: int, rope_dim: int, max_keys: int, 
     elif block_h >= 64:
         # one program per SM (the 64 x 512 accumulator and the cache tiles): the most splits that
         # still fit one wave, since a second wave of a few programs costs a whole program's time
-        # (B4 ctx 32768: 17 splits = 136 programs on 132 SMs)
+        # (B4 ctx 32768: the old ceil rule gave 17 splits = 136 programs on 132 SMs, this one 16)
         splits = min(max(1, sms // base), -(-keys // tuning.min_partition))
     else:
         splits = min(math.ceil(tuning.waves * sms / base), -(-keys // tuning.min_partition))
@@ -134,8 +134,8 @@ def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, kv_scale, m
          out, lse, po, plse, scale * 1.4426950408889634, h, p.head_tiles, p.partition, nb, max_table, max_keys,
          q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), kv_cache.stride(0), kv_cache.stride(1),
          block_table.stride(0), R=r, P=p_dim, BS=bs, BLOCK_H=p.block_h, BLOCK_N=p.block_n, BLOCK_R=p.block_r,
-         BLOCK_P=p.block_p, SPLITS=p.splits, LAZY=p.lazy, FP8=fp8, F32=f32, num_warps=p.num_warps, num_stages=p.num_stages,
-         PREFETCH_PAGES=p.prefetch_pages)
+         BLOCK_P=p.block_p, SPLITS=p.splits, LAZY=p.lazy, FP8=fp8, F32=f32, PREFETCH_PAGES=p.prefetch_pages,
+         num_warps=p.num_warps, num_stages=p.num_stages)
     if p.splits > 1:
         red = mla_reduce_policy(p.splits)
         _reduce((b * h,), po, plse, None, out, lse, p.splits, D=r, BLOCK_S=red.block_s,
