@@ -96,7 +96,8 @@ def measure(dtype, d, dv, causal, mode, cls, device):
 
 
 def tune(device):
-    """Sweep the Triton tiles at B8 S4096 H32 D128 causal (forward; backward); print the best."""
+    """Sweep the Triton tiles at B8 S4096 H32 D128 causal (forward here; backward through
+    flash_bwd_tune.py); print the best."""
     q, k, v = (torch.randn(8, 4096, 32, 128, device=device, dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
     base = L.flash_policy(128, 128, torch.cuda.get_device_capability(device))
@@ -114,24 +115,11 @@ def tune(device):
             print(f"fwd BM{bm} BN{bn} w{w} s{st}: {type(exc).__name__}: {str(exc)[:100]}")
     for _, line in sorted(results):
         print(line)
-    do = torch.randn_like(q)
-    results = []
-    for m1, n1, w1, s1, m2, n2, w2, s2 in ((64, 64, 8, 2, 128, 32, 8, 2), (32, 128, 8, 2, 128, 32, 8, 2),
-                                           (64, 128, 8, 2, 128, 64, 8, 2), (64, 64, 4, 2, 64, 64, 4, 2),
-                                           (32, 64, 4, 3, 64, 32, 4, 3), (64, 64, 8, 3, 128, 32, 8, 3)):
-        cfg = dataclasses.replace(base, dkdv_m=m1, dkdv_n=n1, dkdv_warps=w1, dkdv_stages=s1, dq_m=m2, dq_n=n2,
-                                  dq_warps=w2, dq_stages=s2)
-        try:
-            with L.FLASH_TUNING.use(L.FlashTuning(cfg)):
-                out = ks.flash_attention(q, k, v, causal=True, backend="triton")
-                ms = timing.cuda_time_ms(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True),
-                                         warmup=3, reps=10)
-            results.append((ms, f"bwd dkdv {m1}x{n1} w{w1} s{s1} dq {m2}x{n2} w{w2} s{s2}: {ms:.3f} ms, "
-                                f"{2.5 * flops / ms / 1e9:.0f} TFLOP/s"))
-        except Exception as exc:
-            print(f"bwd {cfg}: {type(exc).__name__}: {str(exc)[:100]}")
-    for _, line in sorted(results):
-        print(line)
+    # the backward's sweep (dK/dV tiles, atomic or kernel dQ, checked against SDPA flash) lives in
+    # flash_bwd_tune.py (this script's folder is on sys.path when it runs)
+    from flash_bwd_tune import CONFIGS, SHAPES, run_shape
+    del q, k, v
+    run_shape(SHAPES[0], CONFIGS, device)
 
 
 def main() -> int:

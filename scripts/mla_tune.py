@@ -42,9 +42,8 @@ def main() -> None:
         for bh, bn, w, st, waves, lazy in space:
             if shape[2] <= 16:
                 bh, w = 16, 4
-            t = L.MlaTuning(block_h=bh, block_n=bn, num_warps=w, num_stages=st, waves=waves, lazy=lazy) \
-                if not prefetch else L.MlaTuning(block_h=bh, block_n=bn, num_warps=w, num_stages=st, waves=waves,
-                                                 prefetch_pages=lazy)
+            flag = {"prefetch_pages": lazy} if prefetch else {"lazy": lazy}  # the last axis of the space
+            t = L.MlaTuning(block_h=bh, block_n=bn, num_warps=w, num_stages=st, waves=waves, **flag)
             with L.TUNING.use(t):
                 fn = ADAPTERS["mla_decode"].ours(inp, "fwd", "triton")
                 try:
@@ -61,8 +60,10 @@ def main() -> None:
         print(f"shape {shape}: best first (us, block_h, block_n, warps, stages, waves, "
               f"{'prefetch' if prefetch else 'lazy'}, rel_err, % copy, "
               "TFLOP/s)", flush=True)
+        word = "prefetch" if prefetch else "lazy"
         for r in rows[:8]:
-            print("  %.1f us  h%d n%d w%d s%d waves%.0f lazy %d  err %.1e  %.1f%%  %.0f TFLOP/s" % r, flush=True)
+            print(("  %.1f us  h%d n%d w%d s%d waves%.0f " + word + " %d  err %.1e  %.1f%%  %.0f TFLOP/s") % r,
+                  flush=True)
 
 
 if __name__ == "__main__":
