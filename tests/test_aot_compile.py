@@ -46,9 +46,11 @@ SMS = 132  # H100 SXM
 M = 32768  # a prefill-sized batch, so the policy picks its multi-row / persistent shapes
 
 
-def fwd(n, dtype="bf16", rms=True, res=False, w=True, b=False, gemma=False, stats=True, wdtype=None, arch=90):
+def fwd(n, dtype="bf16", rms=True, res=False, w=True, b=False, gemma=False, stats=True, wdtype=None, arch=90,
+        split=True):
+    # split=False: the tuning without the split forward (what the C ABI runs for wide rows)
     return dict(dir="fwd", n=n, dtype=dtype, rms=rms, res=res, w=w, b=b, gemma=gemma, stats=stats,
-                wdtype=wdtype or dtype, arch=arch)
+                wdtype=wdtype or dtype, arch=arch, split=split)
 
 
 def bwd(n, dtype="bf16", rms=True, w=True, b=False, dres=False, gemma=False, arch=90):
@@ -66,8 +68,11 @@ CASES = {
     "fwd-ln-fp32-8192": fwd(8192, "fp32", rms=False, w=False),  # fp32 rows
     "fwd-rms-gemma-fp16-16384": fwd(16384, "fp16", gemma=True),  # widest block kernel, 32 warps
     "fwd-rms-rows16-bf16-128": fwd(128),  # many rows per program (ROWS=16)
-    "fwd-looped-rms-res-bf16-65536": fwd(65536, res=True),  # looped; h written, then re-read
-    "fwd-looped-ln-bias-fp32-65536": fwd(65536, "fp32", rms=False, b=True),  # Chan merge of stats
+    "fwd-looped-rms-res-bf16-65536": fwd(65536, res=True, split=False),  # looped; h written, then re-read
+    "fwd-looped-ln-bias-fp32-65536": fwd(65536, "fp32", rms=False, b=True, split=False),  # Chan merge of stats
+    "fwd-split-rms-res-bf16-65536": fwd(65536, res=True),  # split: h stored, the barrier's atomics
+    "fwd-split-ln-bias-fp32-65536": fwd(65536, "fp32", rms=False, b=True),  # fp32 chunk in registers
+    "fwd-split-rms-bf16-262144": fwd(262144, stats=False),  # 32 programs per row (SPLIT_P2 = 32)
     "bwd-rms-dres-bf16-4096": bwd(4096, dres=True),  # backward of fused add, 16 warps
     "bwd-rms-noweight-bf16-4096": bwd(4096, w=False),  # no dw accumulator
     "bwd-ln-bias-bf16-8192": bwd(8192, rms=False, b=True, gemma=True),  # the most registers
@@ -78,7 +83,8 @@ CASES = {
     "bwd-looped-ln-bias-only-fp32-16384": bwd(16384, "fp32", rms=False, w=False, b=True),  # db only
     # sm_80 (A100): the other ptxas, no Hopper instructions; each kernel once.
     "sm80-fwd-rms-res-bf16-4096": fwd(4096, res=True, arch=80),
-    "sm80-fwd-looped-ln-bias-bf16-65536": fwd(65536, rms=False, b=True, arch=80),
+    "sm80-fwd-looped-ln-bias-bf16-65536": fwd(65536, rms=False, b=True, arch=80, split=False),
+    "sm80-fwd-split-ln-bias-bf16-65536": fwd(65536, rms=False, b=True, arch=80),
     "sm80-bwd-ln-bias-bf16-8192": bwd(8192, rms=False, b=True, gemma=True, arch=80),
     "sm80-bwd-looped-ln-bias-bf16-65536": bwd(65536, rms=False, b=True, gemma=True, arch=80),
 }
@@ -90,7 +96,9 @@ def _record(case: dict) -> list:
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.nvidia.compiler import CUDABackend
 
-    from kernelset.ops.norm import launch
+    import dataclasses
+
+    from kernelset.ops.norm import launch, policy
 
     dt = lambda name: getattr(torch, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[name])
     t = lambda *shape, d=case["dtype"]: torch.randn(*shape, dtype=dt(d), device="meta")
@@ -113,12 +121,14 @@ def _record(case: dict) -> list:
     for wrapper in wrappers:
         wrapper.fn = Recorder(wrapper.fn)
     launch.sm_count = lambda device: SMS
+    tuning = policy.DEFAULT_TUNING if case.get("split", True) else dataclasses.replace(policy.DEFAULT_TUNING,
+                                                                                       split_chunk_fwd=0)
     try:
         w = t(n, d=case["wdtype"] if case["dir"] == "fwd" else case["dtype"]) if case["w"] else None
         b = t(n) if case["b"] else None
         if case["dir"] == "fwd":
             launch.norm_fwd(t(M, n), w, b, eps=1e-6, is_rms=case["rms"], gemma_cast=case["gemma"],
-                            stats=case["stats"], residual=t(M, n) if case["res"] else None)
+                            stats=case["stats"], residual=t(M, n) if case["res"] else None, tuning=tuning)
         else:
             stat = torch.empty(M, dtype=torch.float32, device="meta")
             launch.norm_bwd(t(M, n), t(M, n), w, None if case["rms"] else stat, stat, is_rms=case["rms"],
@@ -201,6 +211,7 @@ def compiled(tmp_path_factory):
 
 SMEM_LIMIT = {80: 163 * 1024, 90: 227 * 1024}  # shared memory one block may have
 EXPECTED_KERNELS = {("fwd", False): ["_norm_fwd_kernel"], ("fwd", True): ["_norm_fwd_looped_kernel"],
+                    ("fwd", "split"): ["_norm_fwd_split_kernel"],
                     ("bwd", False): ["_norm_bwd_kernel"],
                     ("bwd", True): ["_norm_bwd_looped_kernel", "_norm_bwd_dwdb_kernel"]}
 
@@ -210,6 +221,8 @@ def test_compiles_without_spills(compiled, name):
     case = CASES[name]
     runs = compiled[name]
     looped = case["n"] > (16384 if case["dir"] == "fwd" else 8192)
+    if looped and case.get("split"):
+        looped = "split"
     assert [r["kernel"] for r in runs] == EXPECTED_KERNELS[case["dir"], looped]
     for r in runs:
         assert r["error"] is None, f"{r['kernel']}: {r['error']}"
@@ -238,7 +251,7 @@ def test_row_loads_are_vectorized(compiled, name):
         size = 4 if r["sig"]["X"] == "*fp32" else 2
         # Each thread's share of one row tile in 16-byte vectors; every row tensor needs at
         # least that many 128-bit loads.
-        per_thread = c.get("ROWS", c.get("BLOCK_M", 1)) * c["BLOCK_N"] * size // (32 * r["num_warps"])
+        per_thread = c.get("ROWS", c.get("BLOCK_M", 1)) * c.get("BLOCK_N", c.get("CHUNK")) * size // (32 * r["num_warps"])
         need = _row_tensors(r) * max(1, per_thread // 16)
         assert r["v4_loads"] >= need, f"{r['kernel']}: {r['v4_loads']} 128-bit loads, expected >= {need}: {r}"
         if size == 2 and r["kernel"].startswith("_norm_fwd"):

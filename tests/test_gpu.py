@@ -47,6 +47,25 @@ def test_layer_norm_large_rows(shape):
         assert rel_err(g, r) < tolerance("norm", torch.bfloat16, grad=True)
 
 
+@pytest.mark.parametrize("shape", [(2048, 32768), (64, 262144), (300, 100003)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_split_forward_barrier(shape):
+    """Many rows of several programs each (thousands of programs meeting at per-row barriers):
+    the one-launch split forward equals its two-launch form bit for bit, with and without the
+    residual add, and LayerNorm's merged statistics."""
+    from kernelset.ops import rowsync
+
+    x = torch.randn(*shape, dtype=torch.bfloat16, device="cuda")
+    r = torch.randn_like(x)
+    w = torch.randn(shape[1], dtype=torch.bfloat16, device="cuda")
+    run = lambda: [ks.rms_norm(x, w), ks.layer_norm(x, w, w), *ks.fused_add_rms_norm(x, r, w)]
+    one = run()
+    with rowsync.two_launches():
+        two = run()
+    for a, b in zip(one, two):
+        assert torch.equal(a, b)
+    assert rel_err(one[0], rms_norm_ref(x.float(), w.float(), 1e-6, 0.0, False)[0]) < tolerance("norm", torch.bfloat16)
+
+
 def test_fused_add_bitexact_residual_and_hf_rounding():
     x = torch.randn(4096, 4096, dtype=torch.bfloat16, device="cuda")
     r = torch.randn_like(x)

@@ -24,7 +24,17 @@ CASES = [
     ("strided-rows", (4, 300), "slice", "rows of a wider tensor (row stride 330)"),
     ("looped", (3, 1000), "looped", "several vocabulary chunks (forced 128-wide)"),
     ("v2", (9, 2), "plain", "tiny vocabulary"),
+    ("split", (3, 1000), "split", "the split kernel: a row over 8 programs (forced 128-wide chunks)"),
+    ("split-odd", (5, 4097), "split", "split with a 1-wide last chunk (33 programs per row)"),
+    ("split-strided", (4, 300), "split-slice", "split over rows of a wider tensor"),
 ]
+SPLIT = launch.CETuning(split_chunk=128)
+
+
+def _use(how):
+    if how.startswith("split"):
+        return launch.use(SPLIT)
+    return launch.use(launch.CETuning(block=128, block_fwd=128)) if how == "looped" else launch.use(launch.active())
 # (id, kwargs): the option combinations a trainer uses
 OPTIONS = [
     ("plain", {}),
@@ -35,7 +45,7 @@ OPTIONS = [
 
 
 def _logits(shape, how, dtype, device):
-    if how == "slice":
+    if how.endswith("slice"):
         return (torch.randn(shape[0], shape[1] + 30, device=device) * 4).to(dtype)[:, : shape[1]]
     return (torch.randn(*shape, device=device) * 4).to(dtype)
 
@@ -63,7 +73,7 @@ def test_cross_entropy(backend, dtype, case, opt, reduction, device):
     _, shape, how, _ = case
     x = _logits(shape, how, dtype, device).requires_grad_(True)
     t = _targets(shape, device)
-    with launch.use(launch.CETuning(block=128, block_fwd=128)) if how == "looped" else launch.use(launch.active()):
+    with _use(how):
         loss = ks.cross_entropy(x, t, reduction=reduction, backend=backend, **opt[1])
         g = torch.rand_like(loss) + 0.5  # not 1.0: the backward's scaling must run
         loss.backward(g)
@@ -190,3 +200,33 @@ print(json.dumps(out))
 
 def test_kernels_compile_for_sm90():
     compile_report(_AOT, 4)
+
+
+@pytest.mark.parametrize("opt", OPTIONS, ids=lambda o: o[0])
+def test_split_runs_and_has_one_launch_form(opt, device, monkeypatch):
+    """The split tuning really launches the split kernel (8 programs per row), an out-of-range
+    target still poisons only its row, and on a GPU the one-launch form gives the two-launch
+    form's bits."""
+    from kernelset.ops import rowsync
+
+    grids = []
+    real = launch._fwd_split
+    monkeypatch.setattr(launch, "_fwd_split", lambda grid, *a, **kw: (grids.append(grid), real(grid, *a, **kw))[1])
+    x = (torch.randn(6, 1000, device=device) * 4).to(torch.bfloat16).requires_grad_()  # the split needs a gradient
+    t = torch.randint(0, 1000, (6,), device=device)
+    t[1], t[4] = -100, 1000  # ignored; out of range
+    with _use("split"):
+        g = torch.rand(6, device=device)
+
+        def run():
+            loss = ks.cross_entropy(x, t, reduction="none", backend="triton", **opt[1])
+            return [loss, *torch.autograd.grad(loss, (x,), g)]
+
+        one = run()
+        with rowsync.two_launches():
+            two = run()
+    assert grids and set(grids) == {(6 * 8,)}, grids
+    for a, b in zip(one, two):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    loss = one[0]
+    assert loss[1].item() == 0.0 and loss[4].isnan() and not loss[[0, 2, 3, 5]].isnan().any()

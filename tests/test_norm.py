@@ -33,14 +33,19 @@ CASES = [
     ("strided-3d", (2, 3, 64), "slice", "a [B, S, :64] slice of [B, S, 100]"),
     ("looped", (3, 1000), "looped", "long-row kernels, forced on a small row"),
     ("looped-odd", (2, 777), "looped", "long-row kernels with a ragged last chunk"),
+    ("split", (3, 1000), "split", "the split forward (a row over 8 programs), forced on a small row"),
+    ("split-odd", (2, 777), "split", "split forward with a ragged last chunk, 7 programs per row"),
+    ("split-strided", (3, 600), "split-slice", "split forward over rows of a wider tensor"),
 ]
 
 SMALL_TUNING = dataclasses.replace(policy.DEFAULT_TUNING, max_block_fwd=256, max_block_bwd=256, looped_block=128,
-                                   looped_block_fwd=128, dwdb_block_m=2, dwdb_block_n=64)
+                                   looped_block_fwd=128, dwdb_block_m=2, dwdb_block_n=64, split_chunk_fwd=0)
+# the split forward instead of the looped one (the backward stays looped)
+SPLIT_TUNING = dataclasses.replace(SMALL_TUNING, split_chunk_fwd=128)
 
 
 def _make_x(shape, how, dtype, device):
-    if how == "slice":
+    if how.endswith("slice"):
         wide = torch.randn(*shape[:-1], shape[-1] + 70, dtype=dtype, device=device)
         return wide[..., : shape[-1]]
     return torch.randn(*shape, dtype=dtype, device=device)
@@ -53,6 +58,8 @@ def _eps(shape):
 
 
 def _tuning(how):
+    if how.startswith("split"):
+        return policy.use(SPLIT_TUNING)
     return policy.use(SMALL_TUNING) if how == "looped" else policy.use(policy.active())
 
 
@@ -158,7 +165,7 @@ def test_fused_add_rms_norm_in_place(backend, case, device):
     assert out.data_ptr() == x_ptr and res.data_ptr() == r_ptr, "in_place must return x and residual themselves"
     assert torch.equal(res, want_h), "h = x + residual must be exactly torch's bf16 add"
     _check(out, want_y, torch.bfloat16, "out")
-    if how == "slice":  # the columns beyond the slice must be untouched
+    if how.endswith("slice"):  # the columns beyond the slice must be untouched
         assert not x._base[..., shape[-1]:].isnan().any()
 
 
@@ -353,7 +360,7 @@ def test_gradcheck_reference_math(device):
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
-@pytest.mark.parametrize("how", ["plain", "looped"])
+@pytest.mark.parametrize("how", ["plain", "looped", "split"])
 def test_batch_invariance(op, how, device):
     """A row's result does not depend on the rows batched with it (serving needs this)."""
     x = torch.randn(37, 1000, dtype=torch.bfloat16, device=device)
@@ -364,3 +371,28 @@ def test_batch_invariance(op, how, device):
         for i in (0, 5, 36):
             assert torch.equal(fn(x[i:i + 1]), full[i:i + 1]), f"row {i} differs alone vs in the batch"
         assert torch.equal(fn(x[3:20]), full[3:20])
+
+
+def test_split_forward_runs_and_has_one_launch_form(device, monkeypatch):
+    """The split tuning really launches the split kernel (several programs per row), and on a GPU
+    its one-launch form (programs meet at a barrier) gives the two-launch form's bits."""
+    from kernelset.ops import rowsync
+    from kernelset.ops.norm import launch as L
+
+    grids = []
+    real = L._fwd_split
+    monkeypatch.setattr(L, "_fwd_split", lambda grid, *a, **kw: (grids.append((grid, kw["PHASE"])), real(grid, *a, **kw))[1])
+    x = torch.randn(5, 1000, dtype=torch.bfloat16, device=device)
+    r = torch.randn_like(x)
+    w = torch.randn(1000, dtype=torch.bfloat16, device=device)
+    with policy.use(SPLIT_TUNING):
+        run = lambda: [ks.rms_norm(x, w, backend="triton"), ks.layer_norm(x, w, w, backend="triton"),
+                       *ks.fused_add_rms_norm(x, r, w, backend="triton")]
+        one = run()
+        with rowsync.two_launches():
+            two = run()
+    assert grids and all(g == (5 * 8,) for g, _ in grids), grids
+    if device.type == "cuda":
+        assert {p for _, p in grids} == {0, 1, 2}
+    for a, b in zip(one, two):
+        assert torch.equal(a, b)

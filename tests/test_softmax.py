@@ -15,7 +15,9 @@ from kernelset.ops.softmax import launch
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 DT_IDS = lambda d: str(d).replace("torch.", "")  # noqa: E731
-SMALL = dataclasses.replace(launch.SoftmaxTuning(), max_block_fwd=256, max_block_bwd=256, looped_block=128)
+SMALL = dataclasses.replace(launch.SoftmaxTuning(), max_block_fwd=256, max_block_bwd=256, looped_block=128,
+                            split_chunk=0)
+SPLIT = dataclasses.replace(SMALL, split_chunk=128)  # the split kernels instead of the looped ones
 
 # (id, shape, how, dim, why)
 CASES = [
@@ -29,20 +31,33 @@ CASES = [
     ("dim0", (40, 7), "plain", 0, "reduce a non-last dim (through a view)"),
     ("looped", (3, 1000), "looped", -1, "online max/sum kernels, forced on a short row"),
     ("looped-odd", (2, 777), "looped", -1, "looped with a ragged last chunk"),
+    ("split", (3, 1000), "split", -1, "split kernels (a row over 8 programs), forced on a short row"),
+    ("split-odd", (2, 777), "split", -1, "split with a ragged last chunk"),
+    ("split-strided", (3, 600), "split-slice", -1, "split over rows of a wider tensor"),
+    ("split-masked", (4, 700), "split-masked", -1, "split with -inf chunks: a chunk max of -inf merges to 0"),
     ("large-logits", (4, 300), "large", -1, "logits of 1e3: max subtraction keeps exp finite"),
     ("masked", (4, 300), "masked", -1, "-inf entries (attention-style masks) get probability 0"),
 ]
 
 
 def _x(shape, how, dtype, device):
-    if how == "slice":
+    if how.endswith("slice"):
         return torch.randn(*shape[:-1], shape[-1] + 70, dtype=dtype, device=device)[..., : shape[-1]]
     x = torch.randn(*shape, device=device)
     if how == "large":
         x = x * 1000.0
     if how == "masked":
         x[..., ::3] = float("-inf")
+    if how == "split-masked":  # whole 128-wide chunks of -inf, and scattered ones
+        x[..., 128:384] = float("-inf")
+        x[..., ::5] = float("-inf")
     return x.to(dtype)
+
+
+def _use(how):
+    if how.startswith("split"):
+        return launch.use(SPLIT)
+    return launch.use(SMALL) if how == "looped" else launch.use(launch.active())
 
 
 def _backends():
@@ -68,7 +83,7 @@ def test_softmax(log, backend, dtype, case, device):
     x = _x(shape, how, dtype, device).requires_grad_(True)
     fn = ks.log_softmax if log else ks.softmax
     temperature = 0.7
-    with launch.use(SMALL) if how == "looped" else launch.use(launch.active()):
+    with _use(how):
         y = fn(x, dim=dim, temperature=temperature, backend=backend)
         dy = torch.randn_like(y)
         y.backward(dy)
@@ -84,10 +99,10 @@ def test_softmax(log, backend, dtype, case, device):
 
 
 @pytest.mark.parametrize("backend", _backends())
-@pytest.mark.parametrize("how", ["plain", "looped"])
+@pytest.mark.parametrize("how", ["plain", "looped", "split"])
 def test_rows_sum_to_one_in_fp32(backend, how, device):
     x = torch.randn(16, 1000, dtype=torch.bfloat16, device=device) * 5
-    with launch.use(SMALL) if how == "looped" else launch.use(launch.active()):
+    with _use(how):
         p = ks.softmax(x, out_dtype=torch.float32, backend=backend)
         lp = ks.log_softmax(x, out_dtype=torch.float32, backend=backend)
     assert p.dtype == torch.float32 and lp.dtype == torch.float32
@@ -148,6 +163,24 @@ for n, max_block in ((8192, t.max_block_fwd), (131072, t.max_block_fwd), (8192, 
         ptx = c.asm["ptx"]
         out.append(dict(case=f"{fn.__name__}-n{n}-log{log}", local="ld.local" in ptx or "st.local" in ptx,
                         vec=".v4" in ptx))
+from kernelset.ops.softmax.launch import split_policy
+
+for n, max_block, fwd in ((131072, t.max_block_fwd, True), (65536, t.max_block_bwd, False)):
+    sp = split_policy(n, max_block, 132, t)
+    fn = K._softmax_fwd_split_kernel if fwd else K._softmax_bwd_split_kernel
+    sig = (dict(X="*bf16", Y="*bf16", PART="*fp32", SYNC="*i32", M="i32", N="i32", split="i32", stride_x="i32",
+                stride_y="i32", inv_t="fp32") if fwd else
+           dict(DY="*bf16", Y="*bf16", DX="*bf16", PART="*fp32", SYNC="*i32", M="i32", N="i32", split="i32",
+                stride_dy="i32", stride_y="i32", stride_dx="i32", inv_t="fp32"))
+    for log in (False, True):
+        consts = dict(LOG=log, CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PHASE=0)
+        attrs = {(k,): [["tt.divisibility", 16]] for k, (name, ty) in enumerate(sig.items())
+                 if ty.startswith("*") or name == "N" or name.startswith("stride")}
+        src = ASTSource(fn, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts, attrs=attrs)
+        c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=sp.num_warps))
+        ptx = c.asm["ptx"]
+        out.append(dict(case=f"{fn.__name__}-n{n}-log{log}", local="ld.local" in ptx or "st.local" in ptx,
+                        vec=".v4" in ptx))
 print(json.dumps(out))
 """
 
@@ -155,14 +188,37 @@ print(json.dumps(out))
 def test_kernels_compile_for_sm90():
     """Compile each kernel x LOG for sm_90 at the policy's sizes (child process without the
     interpreter): no spills, 16-byte vector accesses."""
-    compile_report(_AOT, 8)
+    compile_report(_AOT, 12)
 
 
-@pytest.mark.parametrize("how", ["plain", "looped"])
+@pytest.mark.parametrize("how", ["plain", "looped", "split"])
 def test_batch_invariance(how, device):
     """A row's probabilities do not depend on the rows batched with it (sampling needs this)."""
     x = torch.randn(37, 1000, dtype=torch.bfloat16, device=device)
-    with launch.use(SMALL) if how == "looped" else launch.use(launch.active()):
+    with _use(how):
         full = ks.softmax(x)
         for i in (0, 5, 36):
             assert torch.equal(ks.softmax(x[i:i + 1]), full[i:i + 1])
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_split_runs_and_has_one_launch_form(log, device, monkeypatch):
+    """The split tuning really launches the split kernels (8 programs per row, forward and
+    backward), and on a GPU their one-launch form gives the two-launch form's bits."""
+    from kernelset.ops import rowsync
+
+    grids = []
+    for name in ("_fwd_split", "_bwd_split"):
+        real = getattr(launch, name)
+        monkeypatch.setattr(launch, name, lambda grid, *a, _real=real, **kw: (grids.append(grid), _real(grid, *a, **kw))[1])
+    x = torch.randn(5, 1000, dtype=torch.bfloat16, device=device, requires_grad=True)
+    dy = torch.randn(5, 1000, dtype=torch.bfloat16, device=device)
+    fn = ks.log_softmax if log else ks.softmax
+    with _use("split"):
+        run = lambda: [y := fn(x, backend="triton"), *torch.autograd.grad(y, (x,), dy)]  # noqa: E731
+        one = run()
+        with rowsync.two_launches():
+            two = run()
+    assert len(grids) >= 4 and set(grids) == {(5 * 8,)}, grids
+    for a, b in zip(one, two):
+        assert torch.equal(a, b)

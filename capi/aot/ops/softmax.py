@@ -1,6 +1,8 @@
 """softmax and log_softmax forward (temperature folded into inv_t)."""
 from __future__ import annotations
 
+import dataclasses
+
 from record import TORCH_BY_NAME, meta
 
 from .base import KernelRef, Op, PolicyRef, mod, pow2s
@@ -36,6 +38,18 @@ def _softmax_cases(which: str) -> list[dict]:
 
 def _softmax_python(c: dict):
     launch = mod("kernelset.ops.softmax.launch")
+    # the C ABI runs the looped kernel where the package runs the split one (a zeroed sync
+    # buffer per launch, which a C plan cannot make yet): see C_TUNING
+    with launch.use(C_TUNING(launch)):
+        return _softmax_python_launch(launch, c)
+
+
+def C_TUNING(launch):
+    """The package's softmax tuning as the C ABI runs it (no split kernels)."""
+    return dataclasses.replace(launch.SoftmaxTuning(), split_chunk=0)
+
+
+def _softmax_python_launch(launch, c: dict):
     x = meta((c["m"], c["n"]), c["dtype"], (c.get("x_stride", c["n"]), 1))
     y = launch.softmax_fwd(x, c["temperature"], c["log"], TORCH_BY_NAME[c.get("out_dtype", c["dtype"])])
     return dict(X=x, Y=y)

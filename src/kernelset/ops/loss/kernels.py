@@ -9,12 +9,17 @@ step reads the logits from HBM once and writes the gradient once. ``_ce_scale_ke
 multiplies by the incoming gradient in place and returns at once where it is 1.0 (the usual
 ``loss.backward()``), so the backward costs nothing then. ``_ce_reduce_kernel`` sums the per-row
 losses for a mean or sum reduction in one program, in a fixed order (the C ABI runs the same
-kernel, so its answer is the Python package's, bit for bit). fp32 math.
+kernel, so its answer is the Python package's, bit for bit). ``_ce_fwd_split_kernel`` (with a
+gradient, vocabularies wider than one chunk): one program per (row, chunk) holding its logits in
+registers while the row's programs exchange partials (``ops/rowsync.py``), so the logits are read
+from HBM once whatever L2 holds. fp32 math.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from .. import rowsync
 
 _LOG2E = tl.constexpr(1.4426950408889634)
 _LN2 = tl.constexpr(0.6931471805599453)
@@ -91,6 +96,60 @@ def _ce_fwd_kernel(X, T, LOSS, LSE, DX, SCALE, M, V, stride_x, stride_dx, ignore
                     tl.store(dx_row + cols, g.to(DX.dtype.element_ty), mask=cm, cache_modifier=".cs")
                 else:
                     tl.store(dx_row + cols, g.to(DX.dtype.element_ty), mask=cm)
+
+
+@triton.jit
+def _ce_fwd_split_kernel(X, T, LOSS, LSE, DX, SCALE, PART, SYNC, M, V, split, stride_x, stride_dx, ignore_index,
+                         smoothing, z_loss, softcap, SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr,
+                         CHUNK: tl.constexpr, SPLIT_P2: tl.constexpr, PHASE: tl.constexpr):
+    # one program per (row, chunk of CHUNK logits); partials (chunk max, sum of exp(z - chunk
+    # max), sum of z, the target logit: chunk 0 loads it before any program of the row writes,
+    # since DX may alias X). Chunk 0 writes the row's loss and LSE; every chunk its gradient.
+    tk = rowsync.claim(SYNC, PHASE)
+    row = (tk // split).to(tl.int64)
+    chunk = tk % split
+    cols = chunk * CHUNK + tl.arange(0, CHUNK)
+    cm = cols < V
+    x_row = X + row * stride_x
+    x = tl.load(x_row + cols, mask=cm, other=0.0).to(tl.float32)
+    z = tl.where(cm, _softcapped(x, softcap, SOFTCAP), -float("inf"))
+    t = tl.load(T + row).to(tl.int64)
+    valid = (t != ignore_index) & (t >= 0) & (t < V)
+    if PHASE != 2:
+        m_c = tl.max(z, axis=0)
+        m_cs = tl.where(m_c == -float("inf"), 0.0, m_c)
+        s_c = tl.sum(tl.exp2((z - m_cs) * _LOG2E), axis=0)
+        zs_c = 0.0
+        if SMOOTH:
+            zs_c = tl.sum(tl.where(cm, z, 0.0), axis=0)
+        xt = 0.0
+        if chunk == 0:
+            xt = tl.load(x_row + tl.where(valid, t, 0)).to(tl.float32)
+        rowsync.publish(PART, SYNC, row, chunk, m_c, s_c, zs_c, xt, SPLIT_P2, PHASE)
+    if PHASE != 1:
+        pm, ps, pz, pt = rowsync.gather(PART, SYNC, row, split, SPLIT_P2, PHASE)
+        i = tl.arange(0, SPLIT_P2)
+        pm = tl.where(i < split, pm, -float("inf"))
+        m = tl.max(pm, axis=0)
+        m_safe = tl.where(m == -float("inf"), 0.0, m)  # a row of -inf logits
+        lse = m_safe + tl.log2(tl.sum(ps * tl.exp2((pm - m_safe) * _LOG2E), axis=0)) * _LN2
+        if chunk == 0:
+            zt = _softcapped(tl.sum(tl.where(i == 0, pt, 0.0), axis=0), softcap, SOFTCAP)
+            loss = (1.0 - smoothing) * (lse - zt) + z_loss * lse * lse
+            if SMOOTH:
+                loss += smoothing * (lse - tl.sum(pz, axis=0) / V)
+            bad = (t != ignore_index) & ((t < 0) | (t >= V))
+            loss = tl.where(valid, loss, tl.where(bad, float("nan"), 0.0))
+            tl.store(LOSS + row, loss)
+            tl.store(LSE + row, lse)
+        g_scale = tl.where(valid, tl.load(SCALE), 0.0)
+        coef = (1.0 + 2.0 * z_loss * lse) * g_scale
+        g = tl.exp2(z * _LOG2E - lse * _LOG2E) * coef - (smoothing / V) * g_scale
+        g = tl.where(cols == t, g - (1.0 - smoothing) * g_scale, g)
+        if SOFTCAP:
+            zc = z / softcap
+            g = g * (1.0 - zc * zc)
+        tl.store(DX + row * stride_dx + cols, g.to(DX.dtype.element_ty), mask=cm)
 
 
 @triton.jit

@@ -9,10 +9,12 @@ from ...core.alloc import empty
 from ...core.arch import sm_count
 from ...core.checks import row_stride
 from ...core.tuning import TuningStack, hash_once
+from ..rowsync import SLOTS, phases
 from ..triton_launch import FastKernel
-from .kernels import _ce_fwd_kernel, _ce_reduce_kernel, _ce_scale_kernel
+from .kernels import _ce_fwd_kernel, _ce_fwd_split_kernel, _ce_reduce_kernel, _ce_scale_kernel
 
 _fwd = FastKernel(_ce_fwd_kernel)
+_fwd_split = FastKernel(_ce_fwd_split_kernel)
 _scale = FastKernel(_ce_scale_kernel)
 _reduce = FastKernel(_ce_reduce_kernel)
 
@@ -30,6 +32,11 @@ class CETuning:
     scale_block: int = 4096
     reduce_block: int = 1024  # rows per step of the mean/sum reduction (one program)
     reduce_warps: int = 4
+    # split kernel (with a gradient, vocabularies wider than split_chunk): one program per chunk
+    # of split_chunk logits, the row's programs exchange partials (ops/rowsync.py), so the logits
+    # are read once; 0 turns it off (the C ABI: no zeroed sync buffer yet)
+    split_chunk: int = 8192
+    split_warps: int = 8
 
 
 _tuning = TuningStack(CETuning())
@@ -52,6 +59,46 @@ def ce_fwd_policy(m: int, v: int, sms: int, need_grad: bool, t: CETuning) -> CEL
     return CELaunch(block, warps, min(m, t.programs_per_sm * sms) if need_grad else m)
 
 
+@dataclasses.dataclass(frozen=True)
+class SplitLaunch:
+    chunk: int  # logits per program
+    split: int  # programs per row
+    split_p2: int  # next power of two: the partials' row pitch
+    num_warps: int
+
+
+def ce_split_policy(v: int, sms: int, need_grad: bool, t: CETuning) -> SplitLaunch | None:
+    """_ce_fwd_split_kernel's launch, or None where _ce_fwd_kernel runs (no gradient: one read
+    of the logits either way; a vocabulary of one chunk)."""
+    if not need_grad or t.split_chunk <= 0 or v <= t.split_chunk:
+        return None
+    split = -(-v // t.split_chunk)
+    if split > 2 * sms:  # a row's programs must all be resident at once: two per SM always fit
+        return None
+    return SplitLaunch(t.split_chunk, split, 1 << max(0, (split - 1).bit_length()), t.split_warps)
+
+
+def ce_rows(logits, target, loss, lse, dx, scale, ignore_index, smoothing, z_loss, softcap, need_grad):
+    """Launch the cross-entropy kernel over logits [M, V] (M > 0): per-row loss and lse, and the
+    gradient into dx (which may be logits itself: every element is read before it is written)."""
+    m, v = logits.shape
+    t = active()
+    sms = sm_count(logits.device)
+    sx, sdx = row_stride(logits), (row_stride(dx) if dx is not None else v)
+    sp = ce_split_policy(v, sms, need_grad, t)
+    if sp is not None:
+        part = torch.empty((m, sp.split_p2, SLOTS), dtype=torch.float32, device=logits.device)
+        for phase, sync in phases(logits.device, m):
+            _fwd_split((m * sp.split,), logits, target, loss, lse, dx, scale, part, sync, m, v, sp.split, sx, sdx,
+                       ignore_index, smoothing, z_loss, softcap or 0.0, SOFTCAP=bool(softcap), SMOOTH=smoothing > 0.0,
+                       CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PHASE=phase, num_warps=sp.num_warps)
+        return
+    p = ce_fwd_policy(m, v, sms if need_grad else 0, need_grad, t)  # sms: grad only
+    _fwd((p.grid,), logits, target, loss, lse, dx, scale, m, v, sx, sdx, ignore_index, smoothing, z_loss,
+         softcap or 0.0, SOFTCAP=bool(softcap), SMOOTH=smoothing > 0.0, HAS_GRAD=need_grad, BLOCK=p.block,
+         STREAM_STORE=t.stream_store, num_warps=p.num_warps)
+
+
 def _scale_tensor(target: torch.Tensor, ignore_index: int, reduction: str, need_grad: bool) -> torch.Tensor | None:
     """The gradient's scale, on the device (no host sync): 1 / max(1, rows not ignored) for mean,
     1 for sum/none when a gradient is written, and nothing otherwise."""
@@ -70,11 +117,7 @@ def ce_fwd(logits, target, ignore_index, smoothing, z_loss, softcap, reduction, 
     dx = empty((m, v), logits.dtype, logits.device) if need_grad else None
     scale = _scale_tensor(target, ignore_index, reduction, need_grad)
     if m:
-        t = active()
-        p = ce_fwd_policy(m, v, sm_count(logits.device) if need_grad else 0, need_grad, t)  # sms: grad only
-        _fwd((p.grid,), logits, target, loss, lse, dx, scale, m, v, row_stride(logits), v, ignore_index, smoothing,
-             z_loss, softcap or 0.0, SOFTCAP=bool(softcap), SMOOTH=smoothing > 0.0, HAS_GRAD=need_grad,
-             BLOCK=p.block, STREAM_STORE=t.stream_store, num_warps=p.num_warps)
+        ce_rows(logits, target, loss, lse, dx, scale, ignore_index, smoothing, z_loss, softcap, need_grad)
     if reduction == "none":
         return loss, dx
     return ce_reduce(loss, target, ignore_index, reduction), dx

@@ -110,24 +110,12 @@ declare_op(OpSpec(
 
 
 def _ce_in_place(logits, target, loss, lse, scale, ignore_index, smoothing, z_loss, softcap, need_grad):
-    """The cross-entropy kernel of launch.py on one chunk, its gradient written over the logits.
-
-    Mirrors ``launch.ce_fwd``'s launch with DX = X: pass 2 computes each element's gradient from
-    that element (loaded by the thread that stores it, or handed over through shared memory) and
-    the row's lse, so no element is overwritten before it is read. One exception the kernel must
-    keep out: the target logit is a scalar load after pass 1's last reduction, so another warp's
-    pass-2 store could in principle overtake it (the loss only; the gradient never reads it).
-    Loading it before pass 1 (behind that reduction's barrier) closes it: asked of the lead."""
-    from .launch import _fwd as kernel
-    from .launch import active as ce_tuning
-    m, v = logits.shape
-    t = ce_tuning()
-    block = min(t.block if need_grad else t.block_fwd, 1 << max(0, (v - 1).bit_length()))
-    warps = min(t.num_warps if need_grad else t.num_warps_fwd, max(1, block // 256))
-    grid = min(m, t.programs_per_sm * sm_count(logits.device)) if need_grad else m
-    kernel((grid,), logits, target, loss, lse, logits if need_grad else None, scale, m, v, v, v, ignore_index,
-           smoothing, z_loss, softcap or 0.0, SOFTCAP=bool(softcap), SMOOTH=smoothing > 0.0, HAS_GRAD=need_grad,
-           BLOCK=block, STREAM_STORE=t.stream_store, num_warps=warps)
+    """The cross-entropy kernel of launch.py on one chunk, its gradient written over the logits
+    (``launch.ce_rows`` with DX = X: every element, and the target logit, is read before any
+    program of its row writes)."""
+    from .launch import ce_rows
+    ce_rows(logits, target, loss, lse, logits if need_grad else None, scale, ignore_index, smoothing, z_loss, softcap,
+            need_grad)
 
 
 def _t_fwd(hidden, weight, bias, target, ignore_index, smoothing, z_loss, softcap, reduction, need_h, need_w, need_b,

@@ -7,7 +7,10 @@ All statistics are fp32. Two shapes of kernel:
   limit): one read of x, one write of y;
 - looped kernels walk one long row in ``BLOCK_N`` chunks: a first pass for the statistics and
   a second pass, in reverse chunk order, that finds the most recently read chunks still in L2,
-  so a row larger than the register file still costs about one read from HBM.
+  so a row larger than the register file still costs about one read from HBM while few rows are
+  in flight;
+- the split forward spreads one row over ``split`` programs, each holding a chunk in registers,
+  which exchange partial statistics through ``ops/rowsync.py``: one read of x for any width.
 
 ``_rms_fwd_torch_order_kernel`` is RMSNorm with mean(x^2) summed in the order of torch's CUDA
 ``x.pow(2).mean(-1)`` (see ``reference.torch_cuda_mean_sq``), so a transformers RMSNorm module is
@@ -17,6 +20,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from .. import rowsync
 
 
 @triton.jit
@@ -143,6 +148,69 @@ def _norm_fwd_looped_kernel(X, R, W, B, Y, H, MEAN, RSTD, M, N, stride_x, stride
                 y += tl.load(B + cols, mask=m, other=0.0).to(tl.float32)
             tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=m)
         if STORE_STATS:
+            tl.store(RSTD + row, rstd)
+            if not IS_RMS:
+                tl.store(MEAN + row, mean)
+
+
+@triton.jit
+def _norm_fwd_split_kernel(X, R, W, B, Y, H, MEAN, RSTD, PART, SYNC, M, N, split, stride_x, stride_r, stride_y,
+                           stride_h, eps, offset, IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                           HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, GEMMA_CAST: tl.constexpr,
+                           STORE_STATS: tl.constexpr, CHUNK: tl.constexpr, SPLIT_P2: tl.constexpr,
+                           PHASE: tl.constexpr):
+    # One program per (row, chunk of CHUNK columns), ``split`` chunks per row (see ops/rowsync.py):
+    # the chunk stays in registers while the row's programs exchange partials, so x is read from
+    # HBM once. Partials: RMS (sum x^2, -, -, -); LayerNorm (sum x, sum (x - chunk mean)^2, -, -),
+    # merged in chunk order (Chan et al.).
+    t = rowsync.claim(SYNC, PHASE)
+    row = (t // split).to(tl.int64)
+    chunk = t % split
+    cols = chunk * CHUNK + tl.arange(0, CHUNK)
+    m = cols < N
+    if PHASE == 2 and HAS_RESIDUAL:  # phase 1 stored h
+        x = tl.load(H + row * stride_h + cols, mask=m, other=0.0)
+    else:
+        x = tl.load(X + row * stride_x + cols, mask=m, other=0.0)
+        if HAS_RESIDUAL:
+            r = tl.load(R + row * stride_r + cols, mask=m, other=0.0)
+            x = (x.to(tl.float32) + r.to(tl.float32)).to(H.dtype.element_ty)
+            tl.store(H + row * stride_h + cols, x, mask=m)
+    xf = x.to(tl.float32)
+    if PHASE != 2:
+        if IS_RMS:
+            rowsync.publish(PART, SYNC, row, chunk, tl.sum(xf * xf, axis=0), 0.0, 0.0, 0.0, SPLIT_P2, PHASE)
+        else:
+            n_c = tl.minimum(N - chunk * CHUNK, CHUNK).to(tl.float32)
+            s_c = tl.sum(xf, axis=0)
+            d = tl.where(m, xf - s_c / n_c, 0.0)
+            rowsync.publish(PART, SYNC, row, chunk, s_c, tl.sum(d * d, axis=0), 0.0, 0.0, SPLIT_P2, PHASE)
+    if PHASE != 1:
+        pa, pb, _pc, _pd = rowsync.gather(PART, SYNC, row, split, SPLIT_P2, PHASE)
+        if IS_RMS:
+            var = tl.sum(pa, axis=0) / N
+            xn = xf
+        else:
+            i = tl.arange(0, SPLIT_P2)
+            n_i = tl.minimum(tl.maximum(N - i * CHUNK, 0), CHUNK).to(tl.float32)
+            mean = tl.sum(pa, axis=0) / N
+            dm = tl.where(n_i > 0, pa / tl.maximum(n_i, 1.0) - mean, 0.0)
+            var = (tl.sum(pb, axis=0) + tl.sum(n_i * dm * dm, axis=0)) / N
+            xn = xf - mean
+        rstd = tl.rsqrt(var + eps)
+        xn = xn * rstd
+        if HAS_WEIGHT:
+            w = tl.load(W + cols, mask=m, other=0.0).to(tl.float32) + offset
+            if GEMMA_CAST:
+                y = xn * w
+            else:
+                y = xn.to(Y.dtype.element_ty).to(tl.float32) * w
+        else:
+            y = xn
+        if HAS_BIAS:
+            y += tl.load(B + cols, mask=m, other=0.0).to(tl.float32)
+        tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=m)
+        if STORE_STATS and chunk == 0:
             tl.store(RSTD + row, rstd)
             if not IS_RMS:
                 tl.store(MEAN + row, mean)

@@ -10,14 +10,16 @@ import torch
 from ...core.alloc import empty
 from ...core.arch import sm_count
 from ...core.checks import row_stride
+from ..rowsync import SLOTS, phases
 from ..triton_launch import FastKernel
 from .kernels import (_norm_bwd_dwdb_kernel, _norm_bwd_kernel, _norm_bwd_looped_kernel, _norm_fwd_kernel,
-                      _norm_fwd_looped_kernel, _rms_fwd_torch_order_kernel)
-from .policy import NormTuning, active, bwd_policy, fwd_policy
+                      _norm_fwd_looped_kernel, _norm_fwd_split_kernel, _rms_fwd_torch_order_kernel)
+from .policy import NormTuning, active, bwd_policy, fwd_policy, fwd_split_policy
 from .reference import torch_cuda_mean_factor, torch_cuda_mean_lanes
 
 _fwd = FastKernel(_norm_fwd_kernel)
 _fwd_looped = FastKernel(_norm_fwd_looped_kernel)
+_fwd_split = FastKernel(_norm_fwd_split_kernel)
 _bwd = FastKernel(_norm_bwd_kernel)
 _bwd_looped = FastKernel(_norm_bwd_looped_kernel)
 _bwd_dwdb = FastKernel(_norm_bwd_dwdb_kernel)
@@ -47,14 +49,25 @@ def norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
     mean = empty(shape[:-1], torch.float32, dev) if stats and not is_rms else None
     if m == 0:
         return y, h, mean, rstd
-    p = fwd_policy(m, n, sm_count(dev), tuning or active())
+    tuning = tuning or active()
+    sms = sm_count(dev)
+    p = fwd_policy(m, n, sms, tuning)
     # Unused pointers are passed as None: Triton specializes them away, and each tensor argument
     # costs host time at launch.
     sx = row_stride(x)
     sy = row_stride(y) if out is not None else n
     sr = row_stride(residual) if residual is not None else 0
     sh = (row_stride(h) if h_out is not None else n) if h is not None else 0
-    if p.looped:
+    sp = fwd_split_policy(n, sms, tuning) if p.looped else None
+    if sp is not None:
+        part = torch.empty((m, sp.split_p2, SLOTS), dtype=torch.float32, device=dev)
+        for phase, sync in phases(dev, m):
+            _fwd_split((m * sp.split,), x, residual, weight, bias, y, h, mean, rstd, part, sync, m, n, sp.split, sx,
+                       sr, sy, sh, eps, offset, IS_RMS=is_rms, HAS_RESIDUAL=residual is not None,
+                       HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, GEMMA_CAST=gemma_cast,
+                       STORE_STATS=stats, CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PHASE=phase,
+                       num_warps=sp.num_warps)
+    elif p.looped:
         _fwd_looped((p.grid,), x, residual, weight, bias, y, h, mean, rstd, m, n, sx, sr, sy, sh, eps, offset,
                     IS_RMS=is_rms, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
                     HAS_BIAS=bias is not None, GEMMA_CAST=gemma_cast, STORE_STATS=stats, BLOCK_N=p.block_n,

@@ -32,6 +32,12 @@ class NormTuning:
     looped_block_fwd: int = 16384
     looped_warps_fwd: int = 16
     looped_programs_per_sm: int = 4
+    # split forward (rows wider than max_block_fwd, replacing the looped forward where it runs):
+    # one program per chunk of split_chunk_fwd columns, the row's programs exchange statistics
+    # (ops/rowsync.py), so x is read once at any width; 0 turns it off (the C ABI: its plans have
+    # no zeroed sync buffer yet)
+    split_chunk_fwd: int = 8192
+    split_warps_fwd: int = 8
     dwdb_block_m: int = 32
     dwdb_block_n: int = 128
     dwdb_programs_per_sm: int = 4
@@ -54,6 +60,14 @@ class NormLaunch:
     dwdb_rows_per_prog: int = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class SplitLaunch:
+    chunk: int  # columns per program
+    split: int  # programs per row
+    split_p2: int  # next power of two: the partials' row pitch
+    num_warps: int
+
+
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -73,6 +87,19 @@ def fwd_policy(m: int, n: int, sms: int, t: NormTuning) -> NormLaunch:
     rows = _clamp(t.fwd_tile // block, 1, 64)
     warps = _clamp(rows * block // (32 * t.fwd_elems_per_thread), 1, 32)
     return NormLaunch(False, block, rows, _pow2(warps), -(-m // rows))
+
+
+@functools.lru_cache(maxsize=4096)
+def fwd_split_policy(n: int, sms: int, t: NormTuning) -> SplitLaunch | None:
+    """The split forward's launch for rows of n, or None where the block or looped forward runs.
+    Independent of the row count, like the others (batch invariance)."""
+    if t.split_chunk_fwd <= 0 or _pow2(n) <= t.max_block_fwd:
+        return None
+    chunk = min(t.split_chunk_fwd, _pow2(n))
+    split = -(-n // chunk)
+    if split > 2 * sms:  # a row's programs must all be resident at once: two per SM always fit
+        return None
+    return SplitLaunch(chunk, split, _pow2(split), t.split_warps_fwd)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -3,12 +3,17 @@
 Block kernels keep ``ROWS`` whole rows in registers: one read, one write. Looped kernels walk a
 long row in chunks: an online pass for (max, sum of exp) with rescaling, then the output pass in
 reverse chunk order; their grid is persistent (a few programs per SM), so the rows in flight fit
-in L2 and the second pass reads them from there. fp32 math throughout.
+in L2 and the second pass reads them from there. Split kernels spread one long row over
+``split`` programs, each holding a chunk in registers, which exchange per-chunk partials through
+``ops/rowsync.py`` (forward: chunk max and sum of exp; backward: sum of dy * y): one read of the
+inputs for any row width. fp32 math throughout.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from .. import rowsync
 
 
 @triton.jit
@@ -117,3 +122,61 @@ def _softmax_bwd_looped_kernel(DY, Y, DX, M, N, stride_dy, stride_y, stride_dx, 
                 y = tl.load(y_row + cols, mask=cm, other=0.0, eviction_policy="evict_first").to(tl.float32)
                 dx = y * (dy - c)
             tl.store(dx_row + cols, (dx * inv_t).to(DX.dtype.element_ty), mask=cm)
+
+
+@triton.jit
+def _softmax_fwd_split_kernel(X, Y, PART, SYNC, M, N, split, stride_x, stride_y, inv_t, LOG: tl.constexpr,
+                              CHUNK: tl.constexpr, SPLIT_P2: tl.constexpr, PHASE: tl.constexpr):
+    # one program per (row, chunk); partials (chunk max, sum of exp(z - chunk max), -, -)
+    t = rowsync.claim(SYNC, PHASE)
+    row = (t // split).to(tl.int64)
+    chunk = t % split
+    cols = chunk * CHUNK + tl.arange(0, CHUNK)
+    cm = cols < N
+    z = tl.load(X + row * stride_x + cols, mask=cm, other=-float("inf")).to(tl.float32) * inv_t
+    if PHASE != 2:
+        m_c = tl.max(z, axis=0)
+        m_cs = tl.where(m_c == -float("inf"), 0.0, m_c)
+        s_c = tl.sum(tl.exp2((z - m_cs) * 1.4426950408889634), axis=0)
+        rowsync.publish(PART, SYNC, row, chunk, m_c, s_c, 0.0, 0.0, SPLIT_P2, PHASE)
+    if PHASE != 1:
+        pm, ps, _pc, _pd = rowsync.gather(PART, SYNC, row, split, SPLIT_P2, PHASE)
+        pm = tl.where(tl.arange(0, SPLIT_P2) < split, pm, -float("inf"))
+        m = tl.max(pm, axis=0)
+        m = tl.where(m == -float("inf"), 0.0, m)  # an all -inf row gives NaN below, as torch does
+        s = tl.sum(ps * tl.exp2((pm - m) * 1.4426950408889634), axis=0)
+        if LOG:
+            y = z - m - tl.log2(s) * 0.6931471805599453
+        else:
+            y = tl.exp2((z - m) * 1.4426950408889634) / s
+        tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=cm)
+
+
+@triton.jit
+def _softmax_bwd_split_kernel(DY, Y, DX, PART, SYNC, M, N, split, stride_dy, stride_y, stride_dx, inv_t,
+                              LOG: tl.constexpr, CHUNK: tl.constexpr, SPLIT_P2: tl.constexpr, PHASE: tl.constexpr):
+    # one program per (row, chunk); partials (sum dy * y, or sum dy for log_softmax, -, -, -)
+    t = rowsync.claim(SYNC, PHASE)
+    row = (t // split).to(tl.int64)
+    chunk = t % split
+    cols = chunk * CHUNK + tl.arange(0, CHUNK)
+    cm = cols < N
+    dy = tl.load(DY + row * stride_dy + cols, mask=cm, other=0.0).to(tl.float32)
+    if LOG:
+        y = tl.load(Y + row * stride_y + cols, mask=cm, other=-float("inf")).to(tl.float32)
+    else:
+        y = tl.load(Y + row * stride_y + cols, mask=cm, other=0.0).to(tl.float32)
+    if PHASE != 2:
+        if LOG:
+            c_c = tl.sum(dy, axis=0)
+        else:
+            c_c = tl.sum(dy * y, axis=0)
+        rowsync.publish(PART, SYNC, row, chunk, c_c, 0.0, 0.0, 0.0, SPLIT_P2, PHASE)
+    if PHASE != 1:
+        pc, _pb, _pc2, _pd = rowsync.gather(PART, SYNC, row, split, SPLIT_P2, PHASE)
+        c = tl.sum(pc, axis=0)
+        if LOG:
+            dx = dy - tl.exp2(y * 1.4426950408889634) * c
+        else:
+            dx = y * (dy - c)
+        tl.store(DX + row * stride_dx + cols, (dx * inv_t).to(DX.dtype.element_ty), mask=cm)

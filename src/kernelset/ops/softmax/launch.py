@@ -10,11 +10,14 @@ from ...core.alloc import empty
 from ...core.arch import sm_count
 from ...core.checks import row_stride
 from ...core.tuning import TuningStack, hash_once
+from ..rowsync import SLOTS, phases
 from ..triton_launch import FastKernel
-from .kernels import _softmax_bwd_kernel, _softmax_bwd_looped_kernel, _softmax_fwd_kernel, _softmax_fwd_looped_kernel
+from .kernels import (_softmax_bwd_kernel, _softmax_bwd_looped_kernel, _softmax_bwd_split_kernel, _softmax_fwd_kernel,
+                      _softmax_fwd_looped_kernel, _softmax_fwd_split_kernel)
 
 _fwd, _fwd_looped = FastKernel(_softmax_fwd_kernel), FastKernel(_softmax_fwd_looped_kernel)
 _bwd, _bwd_looped = FastKernel(_softmax_bwd_kernel), FastKernel(_softmax_bwd_looped_kernel)
+_fwd_split, _bwd_split = FastKernel(_softmax_fwd_split_kernel), FastKernel(_softmax_bwd_split_kernel)
 
 
 @hash_once
@@ -28,6 +31,11 @@ class SoftmaxTuning:
     looped_block: int = 16384
     looped_warps: int = 32
     looped_programs_per_sm: int = 4  # persistent grid: rows in flight per SM
+    # split kernels (rows wider than max_block_*, in place of the looped ones): one program per
+    # chunk of split_chunk columns, the row's programs exchange partials (ops/rowsync.py), so the
+    # input is read once at any width; 0 turns them off (the C ABI: no zeroed sync buffer yet)
+    split_chunk: int = 8192
+    split_warps: int = 8
 
 
 _tuning = TuningStack(SoftmaxTuning())
@@ -42,6 +50,28 @@ class SoftmaxLaunch:
     rows: int
     num_warps: int
     grid: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitLaunch:
+    chunk: int  # columns per program
+    split: int  # programs per row
+    split_p2: int  # next power of two: the partials' row pitch
+    num_warps: int
+
+
+@functools.lru_cache(maxsize=4096)
+def split_policy(n: int, max_block: int, sms: int, t: SoftmaxTuning) -> SplitLaunch | None:
+    """The split kernels' launch for rows of n, or None where the block or looped kernels run
+    (independent of the row count: batch invariance)."""
+    block = 1 << max(0, (n - 1).bit_length())
+    if t.split_chunk <= 0 or block <= max_block:
+        return None
+    chunk = min(t.split_chunk, block)
+    split = -(-n // chunk)
+    if split > 2 * sms:  # a row's programs must all be resident at once: two per SM always fit
+        return None
+    return SplitLaunch(chunk, split, 1 << max(0, (split - 1).bit_length()), t.split_warps)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -62,7 +92,15 @@ def softmax_fwd(x: torch.Tensor, temperature: float, log: bool, out_dtype: torch
     if m == 0:
         return y
     t = active()
-    p = policy(m, n, t.max_block_fwd, sm_count(x.device), t)
+    sms = sm_count(x.device)
+    sp = split_policy(n, t.max_block_fwd, sms, t)
+    if sp is not None:
+        part = torch.empty((m, sp.split_p2, SLOTS), dtype=torch.float32, device=x.device)
+        for phase, sync in phases(x.device, m):
+            _fwd_split((m * sp.split,), x, y, part, sync, m, n, sp.split, row_stride(x), n, 1.0 / temperature, LOG=log,
+                       CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PHASE=phase, num_warps=sp.num_warps)
+        return y
+    p = policy(m, n, t.max_block_fwd, sms, t)
     args = (x, y, m, n, row_stride(x), n, 1.0 / temperature)
     if p.looped:
         _fwd_looped((p.grid,), *args, LOG=log, BLOCK_N=p.block_n, num_warps=p.num_warps)
@@ -78,7 +116,16 @@ def softmax_bwd(dy: torch.Tensor, y: torch.Tensor, temperature: float, log: bool
     if m == 0:
         return dx
     t = active()
-    p = policy(m, n, t.max_block_bwd, sm_count(y.device), t)
+    sms = sm_count(y.device)
+    sp = split_policy(n, t.max_block_bwd, sms, t)
+    if sp is not None:
+        part = torch.empty((m, sp.split_p2, SLOTS), dtype=torch.float32, device=y.device)
+        for phase, sync in phases(y.device, m):
+            _bwd_split((m * sp.split,), dy, y, dx, part, sync, m, n, sp.split, row_stride(dy), row_stride(y), n,
+                       1.0 / temperature, LOG=log, CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PHASE=phase,
+                       num_warps=sp.num_warps)
+        return dx
+    p = policy(m, n, t.max_block_bwd, sms, t)
     args = (dy, y, dx, m, n, row_stride(dy), row_stride(y), n, 1.0 / temperature)
     if p.looped:
         _bwd_looped((p.grid,), *args, LOG=log, BLOCK_N=p.block_n, num_warps=p.num_warps)
