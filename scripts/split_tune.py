@@ -23,7 +23,11 @@ from kernelset.ops.softmax import launch as sm_launch
 
 QUICK = "--quick" in sys.argv[1:]
 CHUNKS = (8192,) if QUICK else (4096, 8192, 16384)
+if "--narrow" in sys.argv[1:]:
+    CHUNKS = (8192, 16384)
 WARPS = (8,) if QUICK else (4, 8, 16)
+if "--narrow" in sys.argv[1:]:
+    WARPS = (4, 8)
 
 
 def time_pct(fn, nbytes, copy):

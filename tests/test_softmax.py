@@ -168,9 +168,9 @@ from kernelset.ops.softmax.launch import split_policy
 for n, max_block, fwd in ((131072, t.max_block_fwd, True), (65536, t.max_block_bwd, False)):
     sp = split_policy(n, max_block, 132, t)
     fn = K._softmax_fwd_split_kernel if fwd else K._softmax_bwd_split_kernel
-    sig = (dict(X="*bf16", Y="*bf16", PART="*fp32", SYNC="*i32", M="i32", N="i32", split="i32", stride_x="i32",
+    sig = (dict(X="*bf16", Y="*bf16", PART="*i64", SYNC="*i32", M="i32", N="i32", split="i32", stride_x="i32",
                 stride_y="i32", inv_t="fp32") if fwd else
-           dict(DY="*bf16", Y="*bf16", DX="*bf16", PART="*fp32", SYNC="*i32", M="i32", N="i32", split="i32",
+           dict(DY="*bf16", Y="*bf16", DX="*bf16", PART="*i64", SYNC="*i32", M="i32", N="i32", split="i32",
                 stride_dy="i32", stride_y="i32", stride_dx="i32", inv_t="fp32"))
     for log in (False, True):
         consts = dict(LOG=log, CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PHASE=0)

@@ -6,24 +6,28 @@ over a 128K vocabulary) otherwise needs a statistics pass and an output pass ove
 with ~130 such rows in flight the second read misses L2 (3 passes of HBM traffic instead of 2).
 Split, every element is read from HBM once.
 
+Partials travel as self-validating 64-bit words ``(fp32 bits << 32) | 1`` in a buffer zeroed
+before the launch, laid out ``[rows, NSLOT, SPLIT_P2]``: a reader knows a word is written when
+its low bit is set, and a 64-bit store is seen whole or not at all, so there is no separate
+arrival count to release and acquire, and the partials arrive with the poll that finds them.
+
 Two ways to run the same kernel (``PHASE``, a constexpr):
 
-- ``PHASE == 0`` (GPU): one launch. Each program takes a ticket from a global counter (so the
-  programs of a row are the ones that started together: a program only ever waits on programs
-  that already run or that get a free SM as soon as an earlier, complete row exits; the GPU
-  needs room for ``split`` resident programs, which every launcher checks), publishes its
-  partials, adds itself to its row's arrival count with release semantics and spins with
-  acquire loads until the count reaches ``split``. The counters are zeroed per launch (one
-  small ``torch.zeros``: no state survives a call, so an aborted launch or a second stream
-  cannot poison a later one).
+- ``PHASE == 0`` (GPU): one launch. Each program takes a ticket from a counter in the same
+  zeroed buffer (so the programs of a row are the ones that started together: a program only
+  ever waits on programs that already run or that get a free SM as soon as an earlier, complete
+  row exits; the GPU needs room for ``split`` resident programs, which every launcher checks),
+  publishes its partials and polls its row's words until all ``split`` chunks are there. The
+  buffer is zeroed per launch (one ``torch.zeros``): no state survives a call, so an aborted
+  launch or a second stream cannot poison a later one.
 - ``PHASE == 1`` then ``PHASE == 2``: two launches, statistics then output, the second reading
   its chunk again. What the Triton interpreter runs (it runs programs one after another, so a
   program waiting for a later one would never return), and a fallback where co-residency cannot
-  be assumed. Same partials, same combination, same results bit for bit as ``PHASE == 0``.
+  be assumed.
 
-Partials are ``[rows, SPLIT_P2, 4]`` fp32 (4 slots, what each family needs: see its kernel);
-they are combined in chunk order by every program of the row, so results do not depend on
-timing (no floating-point atomics).
+Partials are combined in chunk order with a fixed pairwise tree (``tree_sum``), never with
+floating-point atomics, so a result does not depend on timing or on the layout the compiler
+gives the partials: both forms give the same bits.
 """
 from __future__ import annotations
 
@@ -36,54 +40,116 @@ import triton.language as tl
 
 from ..core import config
 
-SLOTS = 4  # fp32 values each chunk publishes
-
 
 @triton.jit
 def claim(SYNC, PHASE: tl.constexpr):
     """This program's work item: a ticket in start order (PHASE 0) or its program id."""
     t = tl.program_id(0)
     if PHASE == 0:
-        # SYNC[0] is the ticket counter; the rows' arrival counts follow it
-        t = tl.atomic_add(SYNC, 1, sem="relaxed", scope="gpu")
+        t = tl.atomic_add(SYNC, 1, sem="relaxed", scope="gpu")  # SYNC: the zeroed ticket counter
     return t
 
 
 @triton.jit
-def publish(PART, SYNC, row, chunk, a, b, c, d, SPLIT_P2: tl.constexpr, PHASE: tl.constexpr):
-    """Store this chunk's four partials and, in one launch, count it in."""
-    base = PART + (row * SPLIT_P2 + chunk) * 4
-    if PHASE == 0:
-        tl.atomic_xchg(base, a, sem="relaxed", scope="gpu")
-        tl.atomic_xchg(base + 1, b, sem="relaxed", scope="gpu")
-        tl.atomic_xchg(base + 2, c, sem="relaxed", scope="gpu")
-        tl.atomic_xchg(base + 3, d, sem="relaxed", scope="gpu")
-        # release: the four values are visible before the count says so
-        tl.atomic_add(SYNC + 1 + row, 1, sem="release", scope="gpu")
-    else:
-        tl.store(base, a)
-        tl.store(base + 1, b)
-        tl.store(base + 2, c)
-        tl.store(base + 3, d)
+def _word(v):
+    return (v.to(tl.uint32, bitcast=True).to(tl.int64) << 32) | 1
 
 
 @triton.jit
-def gather(PART, SYNC, row, split, SPLIT_P2: tl.constexpr, PHASE: tl.constexpr):
-    """Every chunk's partials of ``row``, as four ``[SPLIT_P2]`` vectors (chunks past ``split``
-    read as 0), once all ``split`` programs of the row have published."""
+def _value(w):
+    return (w >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def publish(PART, row, chunk, a, b, c, d, NSLOT: tl.constexpr, SPLIT_P2: tl.constexpr, PHASE: tl.constexpr):
+    """Store this chunk's partials (the first NSLOT of a, b, c, d) as flagged words."""
+    base = PART + row * (NSLOT * SPLIT_P2) + chunk
     if PHASE == 0:
-        n = tl.atomic_add(SYNC + 1 + row, 0, sem="acquire", scope="gpu")
-        while n < split:
-            n = tl.atomic_add(SYNC + 1 + row, 0, sem="acquire", scope="gpu")
+        tl.atomic_xchg(base, _word(a), sem="relaxed", scope="gpu")
+        if NSLOT > 1:
+            tl.atomic_xchg(base + SPLIT_P2, _word(b), sem="relaxed", scope="gpu")
+        if NSLOT > 2:
+            tl.atomic_xchg(base + 2 * SPLIT_P2, _word(c), sem="relaxed", scope="gpu")
+        if NSLOT > 3:
+            tl.atomic_xchg(base + 3 * SPLIT_P2, _word(d), sem="relaxed", scope="gpu")
+    else:
+        tl.store(base, _word(a))
+        if NSLOT > 1:
+            tl.store(base + SPLIT_P2, _word(b))
+        if NSLOT > 2:
+            tl.store(base + 2 * SPLIT_P2, _word(c))
+        if NSLOT > 3:
+            tl.store(base + 3 * SPLIT_P2, _word(d))
+
+
+@triton.jit
+def _load_words(PART, row, split, NSLOT: tl.constexpr, SPLIT_P2: tl.constexpr):
     i = tl.arange(0, SPLIT_P2)
     ok = i < split
-    p = PART + (row * SPLIT_P2 + i) * 4
-    # volatile: from L2, never a stale L1 line (another program on this SM may have read them)
-    a = tl.load(p, mask=ok, other=0.0, volatile=True)
-    b = tl.load(p + 1, mask=ok, other=0.0, volatile=True)
-    c = tl.load(p + 2, mask=ok, other=0.0, volatile=True)
-    d = tl.load(p + 3, mask=ok, other=0.0, volatile=True)
-    return a, b, c, d
+    base = PART + row * (NSLOT * SPLIT_P2) + i
+    # volatile: from L2 every time, never a stale L1 line; unused chunks read as flagged zeros
+    wa = tl.load(base, mask=ok, other=1, volatile=True)
+    wb = wa
+    wc = wa
+    wd = wa
+    if NSLOT > 1:
+        wb = tl.load(base + SPLIT_P2, mask=ok, other=1, volatile=True)
+    if NSLOT > 2:
+        wc = tl.load(base + 2 * SPLIT_P2, mask=ok, other=1, volatile=True)
+    if NSLOT > 3:
+        wd = tl.load(base + 3 * SPLIT_P2, mask=ok, other=1, volatile=True)
+    return wa, wb, wc, wd
+
+
+@triton.jit
+def gather(PART, row, split, NSLOT: tl.constexpr, SPLIT_P2: tl.constexpr, PHASE: tl.constexpr):
+    """Every chunk's partials of ``row`` as four ``[SPLIT_P2]`` fp32 vectors (chunks past
+    ``split``, and slots past NSLOT, read as 0), once all ``split`` programs have published."""
+    wa, wb, wc, wd = _load_words(PART, row, split, NSLOT, SPLIT_P2)
+    if PHASE == 0:
+        flags = wa & wb & wc & wd & 1
+        while tl.min(flags, axis=0) == 0:
+            wa, wb, wc, wd = _load_words(PART, row, split, NSLOT, SPLIT_P2)
+            flags = wa & wb & wc & wd & 1
+    zero = tl.zeros([SPLIT_P2], tl.float32)
+    b = zero
+    c = zero
+    d = zero
+    if NSLOT > 1:
+        b = _value(wb)
+    if NSLOT > 2:
+        c = _value(wc)
+    if NSLOT > 3:
+        d = _value(wd)
+    return _value(wa), b, c, d
+
+
+@triton.jit
+def _halve(v, N: tl.constexpr):
+    return tl.sum(tl.reshape(v, (N // 2, 2)), axis=1)
+
+
+@triton.jit
+def tree_sum(v, N: tl.constexpr):
+    """Sum of a [N] vector (N a power of two <= 256) as a fixed pairwise tree: a sum of two is
+    the same in any order, so the result does not depend on where the compiler put the values."""
+    if N >= 256:
+        v = _halve(v, 256)
+    if N >= 128:
+        v = _halve(v, 128)
+    if N >= 64:
+        v = _halve(v, 64)
+    if N >= 32:
+        v = _halve(v, 32)
+    if N >= 16:
+        v = _halve(v, 16)
+    if N >= 8:
+        v = _halve(v, 8)
+    if N >= 4:
+        v = _halve(v, 4)
+    if N >= 2:
+        v = _halve(v, 2)
+    return tl.sum(v, axis=0)
 
 
 _two_launches: ContextVar[bool] = ContextVar("ks_rowsync_two_launches", default=False)
@@ -99,10 +165,13 @@ def two_launches():
         _two_launches.reset(token)
 
 
-def phases(device: torch.device, rows: int) -> tuple:
-    """The (PHASE, sync buffer) launches of a split kernel: one synchronized launch on a GPU,
-    the two-launch form in the interpreter (it runs programs one at a time) or when asked."""
+def launches(device: torch.device, rows: int, nslot: int, split_p2: int) -> tuple:
+    """The (PHASE, SYNC, PART) launches of a split kernel: one synchronized launch on a GPU, the
+    two-launch form in the interpreter (it runs programs one at a time) or when asked. One zeroed
+    int64 buffer holds the ticket counter (word 0) and, from word 2, the partials."""
+    buf = torch.zeros(2 + rows * nslot * split_p2, dtype=torch.int64, device=device)
+    part = buf[2:]  # 16-byte aligned: vector loads of the words
     # (meta tensors record the GPU's launches: tests compile them)
     if device.type != "cpu" and not _two_launches.get() and not config.get().triton_interpret:
-        return ((0, torch.zeros(rows + 1, dtype=torch.int32, device=device)),)
-    return ((1, None), (2, None))
+        return ((0, buf[:1].view(torch.int32), part),)
+    return ((1, None, part), (2, None, part))

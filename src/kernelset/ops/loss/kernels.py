@@ -102,9 +102,11 @@ def _ce_fwd_kernel(X, T, LOSS, LSE, DX, SCALE, M, V, stride_x, stride_dx, ignore
 def _ce_fwd_split_kernel(X, T, LOSS, LSE, DX, SCALE, PART, SYNC, M, V, split, stride_x, stride_dx, ignore_index,
                          smoothing, z_loss, softcap, SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr,
                          CHUNK: tl.constexpr, SPLIT_P2: tl.constexpr, PHASE: tl.constexpr):
+    NSLOT: tl.constexpr = 4 if SMOOTH else 3
     # one program per (row, chunk of CHUNK logits); partials (chunk max, sum of exp(z - chunk
-    # max), sum of z, the target logit: chunk 0 loads it before any program of the row writes,
-    # since DX may alias X). Chunk 0 writes the row's loss and LSE; every chunk its gradient.
+    # max), the target logit: chunk 0 loads it before any program of the row writes, since DX
+    # may alias X; with smoothing, sum of z). Chunk 0 writes the row's loss and LSE; every chunk
+    # its gradient.
     tk = rowsync.claim(SYNC, PHASE)
     row = (tk // split).to(tl.int64)
     chunk = tk % split
@@ -125,19 +127,19 @@ def _ce_fwd_split_kernel(X, T, LOSS, LSE, DX, SCALE, PART, SYNC, M, V, split, st
         xt = 0.0
         if chunk == 0:
             xt = tl.load(x_row + tl.where(valid, t, 0)).to(tl.float32)
-        rowsync.publish(PART, SYNC, row, chunk, m_c, s_c, zs_c, xt, SPLIT_P2, PHASE)
+        rowsync.publish(PART, row, chunk, m_c, s_c, xt, zs_c, NSLOT, SPLIT_P2, PHASE)
     if PHASE != 1:
-        pm, ps, pz, pt = rowsync.gather(PART, SYNC, row, split, SPLIT_P2, PHASE)
+        pm, ps, pt, pz = rowsync.gather(PART, row, split, NSLOT, SPLIT_P2, PHASE)
         i = tl.arange(0, SPLIT_P2)
         pm = tl.where(i < split, pm, -float("inf"))
         m = tl.max(pm, axis=0)
         m_safe = tl.where(m == -float("inf"), 0.0, m)  # a row of -inf logits
-        lse = m_safe + tl.log2(tl.sum(ps * tl.exp2((pm - m_safe) * _LOG2E), axis=0)) * _LN2
+        lse = m_safe + tl.log2(rowsync.tree_sum(ps * tl.exp2((pm - m_safe) * _LOG2E), SPLIT_P2)) * _LN2
         if chunk == 0:
             zt = _softcapped(tl.sum(tl.where(i == 0, pt, 0.0), axis=0), softcap, SOFTCAP)
             loss = (1.0 - smoothing) * (lse - zt) + z_loss * lse * lse
             if SMOOTH:
-                loss += smoothing * (lse - tl.sum(pz, axis=0) / V)
+                loss += smoothing * (lse - rowsync.tree_sum(pz, SPLIT_P2) / V)
             bad = (t != ignore_index) & ((t < 0) | (t >= V))
             loss = tl.where(valid, loss, tl.where(bad, float("nan"), 0.0))
             tl.store(LOSS + row, loss)

@@ -9,7 +9,7 @@ from ...core.alloc import empty
 from ...core.arch import sm_count
 from ...core.checks import row_stride
 from ...core.tuning import TuningStack, hash_once
-from ..rowsync import SLOTS, phases
+from ..rowsync import launches
 from ..triton_launch import FastKernel
 from .kernels import _ce_fwd_kernel, _ce_fwd_split_kernel, _ce_reduce_kernel, _ce_scale_kernel
 
@@ -87,8 +87,7 @@ def ce_rows(logits, target, loss, lse, dx, scale, ignore_index, smoothing, z_los
     sx, sdx = row_stride(logits), (row_stride(dx) if dx is not None else v)
     sp = ce_split_policy(v, sms, need_grad, t)
     if sp is not None:
-        part = torch.empty((m, sp.split_p2, SLOTS), dtype=torch.float32, device=logits.device)
-        for phase, sync in phases(logits.device, m):
+        for phase, sync, part in launches(logits.device, m, 4 if smoothing > 0.0 else 3, sp.split_p2):
             _fwd_split((m * sp.split,), logits, target, loss, lse, dx, scale, part, sync, m, v, sp.split, sx, sdx,
                        ignore_index, smoothing, z_loss, softcap or 0.0, SOFTCAP=bool(softcap), SMOOTH=smoothing > 0.0,
                        CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PHASE=phase, num_warps=sp.num_warps)

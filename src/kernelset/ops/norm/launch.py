@@ -10,7 +10,7 @@ import torch
 from ...core.alloc import empty
 from ...core.arch import sm_count
 from ...core.checks import row_stride
-from ..rowsync import SLOTS, phases
+from ..rowsync import launches
 from ..triton_launch import FastKernel
 from .kernels import (_norm_bwd_dwdb_kernel, _norm_bwd_kernel, _norm_bwd_looped_kernel, _norm_fwd_kernel,
                       _norm_fwd_looped_kernel, _norm_fwd_split_kernel, _rms_fwd_torch_order_kernel)
@@ -60,8 +60,7 @@ def norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
     sh = (row_stride(h) if h_out is not None else n) if h is not None else 0
     sp = fwd_split_policy(n, sms, tuning) if p.looped else None
     if sp is not None:
-        part = torch.empty((m, sp.split_p2, SLOTS), dtype=torch.float32, device=dev)
-        for phase, sync in phases(dev, m):
+        for phase, sync, part in launches(dev, m, 1 if is_rms else 2, sp.split_p2):
             _fwd_split((m * sp.split,), x, residual, weight, bias, y, h, mean, rstd, part, sync, m, n, sp.split, sx,
                        sr, sy, sh, eps, offset, IS_RMS=is_rms, HAS_RESIDUAL=residual is not None,
                        HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, GEMMA_CAST=gemma_cast,

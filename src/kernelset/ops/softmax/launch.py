@@ -10,7 +10,7 @@ from ...core.alloc import empty
 from ...core.arch import sm_count
 from ...core.checks import row_stride
 from ...core.tuning import TuningStack, hash_once
-from ..rowsync import SLOTS, phases
+from ..rowsync import launches
 from ..triton_launch import FastKernel
 from .kernels import (_softmax_bwd_kernel, _softmax_bwd_looped_kernel, _softmax_bwd_split_kernel, _softmax_fwd_kernel,
                       _softmax_fwd_looped_kernel, _softmax_fwd_split_kernel)
@@ -95,8 +95,7 @@ def softmax_fwd(x: torch.Tensor, temperature: float, log: bool, out_dtype: torch
     sms = sm_count(x.device)
     sp = split_policy(n, t.max_block_fwd, sms, t)
     if sp is not None:
-        part = torch.empty((m, sp.split_p2, SLOTS), dtype=torch.float32, device=x.device)
-        for phase, sync in phases(x.device, m):
+        for phase, sync, part in launches(x.device, m, 2, sp.split_p2):
             _fwd_split((m * sp.split,), x, y, part, sync, m, n, sp.split, row_stride(x), n, 1.0 / temperature, LOG=log,
                        CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PHASE=phase, num_warps=sp.num_warps)
         return y
@@ -119,8 +118,7 @@ def softmax_bwd(dy: torch.Tensor, y: torch.Tensor, temperature: float, log: bool
     sms = sm_count(y.device)
     sp = split_policy(n, t.max_block_bwd, sms, t)
     if sp is not None:
-        part = torch.empty((m, sp.split_p2, SLOTS), dtype=torch.float32, device=y.device)
-        for phase, sync in phases(y.device, m):
+        for phase, sync, part in launches(y.device, m, 1, sp.split_p2):
             _bwd_split((m * sp.split,), dy, y, dx, part, sync, m, n, sp.split, row_stride(dy), row_stride(y), n,
                        1.0 / temperature, LOG=log, CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PHASE=phase,
                        num_warps=sp.num_warps)
