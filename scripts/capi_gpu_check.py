@@ -194,7 +194,7 @@ def make_run(op: str, c: dict, device) -> Run:
         x = randn(c["m"], c["n"], dtype=c["dtype"])
         t = c["temperature"]
         # the C ABI's tuning (looped kernels, no split: capi/aot/ops/softmax.py), so both run the same kernel
-        c_tuning = dataclasses.replace(sl.SoftmaxTuning(), split_chunk=0)
+        c_tuning = dataclasses.replace(sl.SoftmaxTuning(), split_chunk_fwd=0)
         fn = ks.log_softmax if c["log"] else ks.softmax
 
         def python():

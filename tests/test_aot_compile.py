@@ -47,8 +47,9 @@ M = 32768  # a prefill-sized batch, so the policy picks its multi-row / persiste
 
 
 def fwd(n, dtype="bf16", rms=True, res=False, w=True, b=False, gemma=False, stats=True, wdtype=None, arch=90,
-        split=True):
-    # split=False: the tuning without the split forward (what the C ABI runs for wide rows)
+        split=None):
+    # split: None the default tuning; True the split forward at any width past the block kernel;
+    # False the tuning without it (what the C ABI runs for wide rows)
     return dict(dir="fwd", n=n, dtype=dtype, rms=rms, res=res, w=w, b=b, gemma=gemma, stats=stats,
                 wdtype=wdtype or dtype, arch=arch, split=split)
 
@@ -70,9 +71,10 @@ CASES = {
     "fwd-rms-rows16-bf16-128": fwd(128),  # many rows per program (ROWS=16)
     "fwd-looped-rms-res-bf16-65536": fwd(65536, res=True, split=False),  # looped; h written, then re-read
     "fwd-looped-ln-bias-fp32-65536": fwd(65536, "fp32", rms=False, b=True, split=False),  # Chan merge of stats
-    "fwd-split-rms-res-bf16-65536": fwd(65536, res=True),  # split: h stored, the barrier's atomics
-    "fwd-split-ln-bias-fp32-65536": fwd(65536, "fp32", rms=False, b=True),  # fp32 chunk in registers
-    "fwd-split-rms-bf16-262144": fwd(262144, stats=False),  # 32 programs per row (SPLIT_P2 = 32)
+    "fwd-looped-rms-bf16-65536": fwd(65536),  # the default at 65536: looped (pass 2 still in L2)
+    "fwd-split-rms-res-bf16-65536": fwd(65536, res=True, split=True),  # split: h stored, the barrier's atomics
+    "fwd-split-ln-bias-fp32-65536": fwd(65536, "fp32", rms=False, b=True, split=True),  # fp32 chunk in registers
+    "fwd-split-rms-bf16-262144": fwd(262144, stats=False),  # default: 32 programs per row (SPLIT_P2 = 32)
     "bwd-rms-dres-bf16-4096": bwd(4096, dres=True),  # backward of fused add, 16 warps
     "bwd-rms-noweight-bf16-4096": bwd(4096, w=False),  # no dw accumulator
     "bwd-ln-bias-bf16-8192": bwd(8192, rms=False, b=True, gemma=True),  # the most registers
@@ -84,7 +86,7 @@ CASES = {
     # sm_80 (A100): the other ptxas, no Hopper instructions; each kernel once.
     "sm80-fwd-rms-res-bf16-4096": fwd(4096, res=True, arch=80),
     "sm80-fwd-looped-ln-bias-bf16-65536": fwd(65536, rms=False, b=True, arch=80, split=False),
-    "sm80-fwd-split-ln-bias-bf16-65536": fwd(65536, rms=False, b=True, arch=80),
+    "sm80-fwd-split-ln-bias-bf16-65536": fwd(65536, rms=False, b=True, arch=80, split=True),
     "sm80-bwd-ln-bias-bf16-8192": bwd(8192, rms=False, b=True, gemma=True, arch=80),
     "sm80-bwd-looped-ln-bias-bf16-65536": bwd(65536, rms=False, b=True, gemma=True, arch=80),
 }
@@ -121,8 +123,8 @@ def _record(case: dict) -> list:
     for wrapper in wrappers:
         wrapper.fn = Recorder(wrapper.fn)
     launch.sm_count = lambda device: SMS
-    tuning = policy.DEFAULT_TUNING if case.get("split", True) else dataclasses.replace(policy.DEFAULT_TUNING,
-                                                                                       split_chunk_fwd=0)
+    tuning = {None: policy.DEFAULT_TUNING, True: dataclasses.replace(policy.DEFAULT_TUNING, split_min_fwd=0),
+              False: dataclasses.replace(policy.DEFAULT_TUNING, split_chunk_fwd=0)}[case.get("split")]
     try:
         w = t(n, d=case["wdtype"] if case["dir"] == "fwd" else case["dtype"]) if case["w"] else None
         b = t(n) if case["b"] else None
@@ -142,6 +144,7 @@ def _record(case: dict) -> list:
     for kernel, args, kwargs in calls:
         kwargs = dict(kwargs)
         num_warps = kwargs.pop("num_warps")
+        fp_fusion = kwargs.pop("enable_fp_fusion", True)
         bound = inspect.signature(kernel.fn).bind(*args, **kwargs).arguments
         sig, consts, aligned = {}, {}, []
         for i, p in enumerate(kernel.params):
@@ -155,7 +158,8 @@ def _record(case: dict) -> list:
                 consts[p.name] = attr
             elif attr == "D":  # 16-byte aligned pointer / int divisible by 16
                 aligned.append(i)
-        out.append(dict(kernel=kernel.fn.__name__, sig=sig, consts=consts, aligned=aligned, num_warps=num_warps))
+        out.append(dict(kernel=kernel.fn.__name__, sig=sig, consts=consts, aligned=aligned, num_warps=num_warps,
+                        fp_fusion=fp_fusion))
     return out
 
 
@@ -179,7 +183,7 @@ def _compile_all(cases: dict) -> dict:
             try:
                 with contextlib.redirect_stdout(log):
                     k = triton.compile(src, target=GPUTarget("cuda", case["arch"], 32),
-                                       options=dict(num_warps=ln["num_warps"]))
+                                       options=dict(num_warps=ln["num_warps"], enable_fp_fusion=ln["fp_fusion"]))
             except Exception as exc:
                 results[name].append(dict(r, error=f"{type(exc).__name__}: {exc}"))
                 continue
@@ -221,7 +225,7 @@ def test_compiles_without_spills(compiled, name):
     case = CASES[name]
     runs = compiled[name]
     looped = case["n"] > (16384 if case["dir"] == "fwd" else 8192)
-    if looped and case.get("split"):
+    if looped and case["dir"] == "fwd" and (case["split"] or case["split"] is None and case["n"] > 65536):
         looped = "split"
     assert [r["kernel"] for r in runs] == EXPECTED_KERNELS[case["dir"], looped]
     for r in runs:

@@ -41,7 +41,7 @@ CASES = [
 SMALL_TUNING = dataclasses.replace(policy.DEFAULT_TUNING, max_block_fwd=256, max_block_bwd=256, looped_block=128,
                                    looped_block_fwd=128, dwdb_block_m=2, dwdb_block_n=64, split_chunk_fwd=0)
 # the split forward instead of the looped one (the backward stays looped)
-SPLIT_TUNING = dataclasses.replace(SMALL_TUNING, split_chunk_fwd=128)
+SPLIT_TUNING = dataclasses.replace(SMALL_TUNING, split_chunk_fwd=128, split_min_fwd=0)
 
 
 def _make_x(shape, how, dtype, device):

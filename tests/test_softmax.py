@@ -16,8 +16,8 @@ from kernelset.ops.softmax import launch
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 DT_IDS = lambda d: str(d).replace("torch.", "")  # noqa: E731
 SMALL = dataclasses.replace(launch.SoftmaxTuning(), max_block_fwd=256, max_block_bwd=256, looped_block=128,
-                            split_chunk=0)
-SPLIT = dataclasses.replace(SMALL, split_chunk=128)  # the split kernels instead of the looped ones
+                            split_chunk_fwd=0, split_chunk_bwd=0)
+SPLIT = dataclasses.replace(SMALL, split_chunk_fwd=128, split_chunk_bwd=128)  # the split kernels instead of the looped ones
 
 # (id, shape, how, dim, why)
 CASES = [
@@ -166,11 +166,11 @@ for n, max_block in ((8192, t.max_block_fwd), (131072, t.max_block_fwd), (8192, 
 from kernelset.ops.softmax.launch import split_policy
 
 for n, max_block, fwd in ((131072, t.max_block_fwd, True), (65536, t.max_block_bwd, False)):
-    sp = split_policy(n, max_block, 132, t)
+    sp = split_policy(n, max_block, 8192 if fwd else t.split_chunk_bwd, 132, t)
     fn = K._softmax_fwd_split_kernel if fwd else K._softmax_bwd_split_kernel
-    sig = (dict(X="*bf16", Y="*bf16", PART="*i64", SYNC="*i32", M="i32", N="i32", split="i32", stride_x="i32",
+    sig = (dict(X="*bf16", Y="*bf16", PART="*fp32", SYNC="*i32", M="i32", N="i32", split="i32", stride_x="i32",
                 stride_y="i32", inv_t="fp32") if fwd else
-           dict(DY="*bf16", Y="*bf16", DX="*bf16", PART="*i64", SYNC="*i32", M="i32", N="i32", split="i32",
+           dict(DY="*bf16", Y="*bf16", DX="*bf16", PART="*fp32", SYNC="*i32", M="i32", N="i32", split="i32",
                 stride_dy="i32", stride_y="i32", stride_dx="i32", inv_t="fp32"))
     for log in (False, True):
         consts = dict(LOG=log, CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PHASE=0)

@@ -46,7 +46,7 @@ def _softmax_python(c: dict):
 
 def C_TUNING(launch):
     """The package's softmax tuning as the C ABI runs it (no split kernels)."""
-    return dataclasses.replace(launch.SoftmaxTuning(), split_chunk=0)
+    return dataclasses.replace(launch.SoftmaxTuning(), split_chunk_fwd=0)
 
 
 def _softmax_python_launch(launch, c: dict):

@@ -6,20 +6,21 @@ over a 128K vocabulary) otherwise needs a statistics pass and an output pass ove
 with ~130 such rows in flight the second read misses L2 (3 passes of HBM traffic instead of 2).
 Split, every element is read from HBM once.
 
-Partials travel as self-validating 64-bit words ``(fp32 bits << 32) | 1`` in a buffer zeroed
-before the launch, laid out ``[rows, NSLOT, SPLIT_P2]``: a reader knows a word is written when
-its low bit is set, and a 64-bit store is seen whole or not at all, so there is no separate
-arrival count to release and acquire, and the partials arrive with the poll that finds them.
+Each chunk's partials (up to 4 fp32 values, ``NSLOT`` of them) go to ``PART[row, slot, chunk]``.
 
 Two ways to run the same kernel (``PHASE``, a constexpr):
 
-- ``PHASE == 0`` (GPU): one launch. Each program takes a ticket from a counter in the same
-  zeroed buffer (so the programs of a row are the ones that started together: a program only
-  ever waits on programs that already run or that get a free SM as soon as an earlier, complete
-  row exits; the GPU needs room for ``split`` resident programs, which every launcher checks),
-  publishes its partials and polls its row's words until all ``split`` chunks are there. The
-  buffer is zeroed per launch (one ``torch.zeros``): no state survives a call, so an aborted
-  launch or a second stream cannot poison a later one.
+- ``PHASE == 0`` (GPU): one launch. Each program takes a ticket from a global counter (so the
+  programs of a row are the ones that started together: a program only ever waits on programs
+  that already run or that get a free SM as soon as an earlier, complete row exits; the GPU
+  needs room for ``split`` resident programs, which every launcher checks), publishes its
+  partials, adds itself to its row's arrival count with release semantics, and one thread polls
+  the count with acquire loads until it reaches ``split``; after the program's barrier every
+  thread reads the (now final) partials. The counters are zeroed per launch (one small
+  ``torch.zeros``): no state survives a call, so an aborted launch or a second stream cannot
+  poison a later one. (Polling the partials themselves, with a flag in each word, was tried:
+  Triton replicates a small vector over threads, each replica loads on its own, and a replica
+  read before the last store while the polled copy was read after gives a stale partial.)
 - ``PHASE == 1`` then ``PHASE == 2``: two launches, statistics then output, the second reading
   its chunk again. What the Triton interpreter runs (it runs programs one after another, so a
   program waiting for a later one would never return), and a fallback where co-residency cannot
@@ -51,77 +52,54 @@ def claim(SYNC, PHASE: tl.constexpr):
 
 
 @triton.jit
-def _word(v):
-    return (v.to(tl.uint32, bitcast=True).to(tl.int64) << 32) | 1
-
-
-@triton.jit
-def _value(w):
-    return (w >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def publish(PART, row, chunk, a, b, c, d, NSLOT: tl.constexpr, SPLIT_P2: tl.constexpr, PHASE: tl.constexpr):
-    """Store this chunk's partials (the first NSLOT of a, b, c, d) as flagged words."""
+def publish(PART, SYNC, row, chunk, a, b, c, d, NSLOT: tl.constexpr, SPLIT_P2: tl.constexpr,
+            PHASE: tl.constexpr):
+    """Store this chunk's partials (the first NSLOT of a, b, c, d) and, in one launch, count it in."""
     base = PART + row * (NSLOT * SPLIT_P2) + chunk
     if PHASE == 0:
-        tl.atomic_xchg(base, _word(a), sem="relaxed", scope="gpu")
+        # one thread does these scalar atomics, in order; the release orders them before the count
+        tl.atomic_xchg(base, a, sem="relaxed", scope="gpu")
         if NSLOT > 1:
-            tl.atomic_xchg(base + SPLIT_P2, _word(b), sem="relaxed", scope="gpu")
+            tl.atomic_xchg(base + SPLIT_P2, b, sem="relaxed", scope="gpu")
         if NSLOT > 2:
-            tl.atomic_xchg(base + 2 * SPLIT_P2, _word(c), sem="relaxed", scope="gpu")
+            tl.atomic_xchg(base + 2 * SPLIT_P2, c, sem="relaxed", scope="gpu")
         if NSLOT > 3:
-            tl.atomic_xchg(base + 3 * SPLIT_P2, _word(d), sem="relaxed", scope="gpu")
+            tl.atomic_xchg(base + 3 * SPLIT_P2, d, sem="relaxed", scope="gpu")
+        tl.atomic_add(SYNC + 1 + row, 1, sem="release", scope="gpu")
     else:
-        tl.store(base, _word(a))
+        tl.store(base, a)
         if NSLOT > 1:
-            tl.store(base + SPLIT_P2, _word(b))
+            tl.store(base + SPLIT_P2, b)
         if NSLOT > 2:
-            tl.store(base + 2 * SPLIT_P2, _word(c))
+            tl.store(base + 2 * SPLIT_P2, c)
         if NSLOT > 3:
-            tl.store(base + 3 * SPLIT_P2, _word(d))
+            tl.store(base + 3 * SPLIT_P2, d)
 
 
 @triton.jit
-def _load_words(PART, row, split, NSLOT: tl.constexpr, SPLIT_P2: tl.constexpr):
+def gather(PART, SYNC, row, split, NSLOT: tl.constexpr, SPLIT_P2: tl.constexpr, PHASE: tl.constexpr):
+    """Every chunk's partials of ``row`` as four ``[SPLIT_P2]`` fp32 vectors (chunks past
+    ``split``, and slots past NSLOT, read as 0), once all ``split`` programs have published."""
+    if PHASE == 0:
+        n = tl.atomic_add(SYNC + 1 + row, 0, sem="acquire", scope="gpu")
+        while n < split:
+            n = tl.atomic_add(SYNC + 1 + row, 0, sem="acquire", scope="gpu")
     i = tl.arange(0, SPLIT_P2)
     ok = i < split
     base = PART + row * (NSLOT * SPLIT_P2) + i
-    # volatile: from L2 every time, never a stale L1 line; unused chunks read as flagged zeros
-    wa = tl.load(base, mask=ok, other=1, volatile=True)
-    wb = wa
-    wc = wa
-    wd = wa
-    if NSLOT > 1:
-        wb = tl.load(base + SPLIT_P2, mask=ok, other=1, volatile=True)
-    if NSLOT > 2:
-        wc = tl.load(base + 2 * SPLIT_P2, mask=ok, other=1, volatile=True)
-    if NSLOT > 3:
-        wd = tl.load(base + 3 * SPLIT_P2, mask=ok, other=1, volatile=True)
-    return wa, wb, wc, wd
-
-
-@triton.jit
-def gather(PART, row, split, NSLOT: tl.constexpr, SPLIT_P2: tl.constexpr, PHASE: tl.constexpr):
-    """Every chunk's partials of ``row`` as four ``[SPLIT_P2]`` fp32 vectors (chunks past
-    ``split``, and slots past NSLOT, read as 0), once all ``split`` programs have published."""
-    wa, wb, wc, wd = _load_words(PART, row, split, NSLOT, SPLIT_P2)
-    if PHASE == 0:
-        flags = wa & wb & wc & wd & 1
-        while tl.min(flags, axis=0) == 0:
-            wa, wb, wc, wd = _load_words(PART, row, split, NSLOT, SPLIT_P2)
-            flags = wa & wb & wc & wd & 1
+    # volatile: from L2, never a stale L1 line (another program on this SM may have read them)
+    a = tl.load(base, mask=ok, other=0.0, volatile=True)
     zero = tl.zeros([SPLIT_P2], tl.float32)
     b = zero
     c = zero
     d = zero
     if NSLOT > 1:
-        b = _value(wb)
+        b = tl.load(base + SPLIT_P2, mask=ok, other=0.0, volatile=True)
     if NSLOT > 2:
-        c = _value(wc)
+        c = tl.load(base + 2 * SPLIT_P2, mask=ok, other=0.0, volatile=True)
     if NSLOT > 3:
-        d = _value(wd)
-    return _value(wa), b, c, d
+        d = tl.load(base + 3 * SPLIT_P2, mask=ok, other=0.0, volatile=True)
+    return a, b, c, d
 
 
 @triton.jit
@@ -167,11 +145,10 @@ def two_launches():
 
 def launches(device: torch.device, rows: int, nslot: int, split_p2: int) -> tuple:
     """The (PHASE, SYNC, PART) launches of a split kernel: one synchronized launch on a GPU, the
-    two-launch form in the interpreter (it runs programs one at a time) or when asked. One zeroed
-    int64 buffer holds the ticket counter (word 0) and, from word 2, the partials."""
-    buf = torch.zeros(2 + rows * nslot * split_p2, dtype=torch.int64, device=device)
-    part = buf[2:]  # 16-byte aligned: vector loads of the words
+    two-launch form in the interpreter (it runs programs one at a time) or when asked. SYNC:
+    zeroed int32, the ticket counter then one arrival count per row; PART: fp32 partials."""
+    part = torch.empty(rows * nslot * split_p2, dtype=torch.float32, device=device)
     # (meta tensors record the GPU's launches: tests compile them)
     if device.type != "cpu" and not _two_launches.get() and not config.get().triton_interpret:
-        return ((0, buf[:1].view(torch.int32), part),)
+        return ((0, torch.zeros(rows + 1, dtype=torch.int32, device=device), part),)
     return ((1, None, part), (2, None, part))

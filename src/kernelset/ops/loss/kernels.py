@@ -127,9 +127,9 @@ def _ce_fwd_split_kernel(X, T, LOSS, LSE, DX, SCALE, PART, SYNC, M, V, split, st
         xt = 0.0
         if chunk == 0:
             xt = tl.load(x_row + tl.where(valid, t, 0)).to(tl.float32)
-        rowsync.publish(PART, row, chunk, m_c, s_c, xt, zs_c, NSLOT, SPLIT_P2, PHASE)
+        rowsync.publish(PART, SYNC, row, chunk, m_c, s_c, xt, zs_c, NSLOT, SPLIT_P2, PHASE)
     if PHASE != 1:
-        pm, ps, pt, pz = rowsync.gather(PART, row, split, NSLOT, SPLIT_P2, PHASE)
+        pm, ps, pt, pz = rowsync.gather(PART, SYNC, row, split, NSLOT, SPLIT_P2, PHASE)
         i = tl.arange(0, SPLIT_P2)
         pm = tl.where(i < split, pm, -float("inf"))
         m = tl.max(pm, axis=0)

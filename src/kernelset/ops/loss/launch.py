@@ -34,8 +34,10 @@ class CETuning:
     reduce_warps: int = 4
     # split kernel (with a gradient, vocabularies wider than split_chunk): one program per chunk
     # of split_chunk logits, the row's programs exchange partials (ops/rowsync.py), so the logits
-    # are read once; 0 turns it off (the C ABI: no zeroed sync buffer yet)
-    split_chunk: int = 8192
+    # are read once. Off (0): on H100 it measured slower than the looped kernel (8192x128256
+    # 73.3% of copy at chunk 8192 against 81.8%, scripts/split_tune.py 2026-11-25 s10): the
+    # barrier's latency costs more than pass 2's L2 misses at this width
+    split_chunk: int = 0
     split_warps: int = 8
 
 
@@ -90,7 +92,8 @@ def ce_rows(logits, target, loss, lse, dx, scale, ignore_index, smoothing, z_los
         for phase, sync, part in launches(logits.device, m, 4 if smoothing > 0.0 else 3, sp.split_p2):
             _fwd_split((m * sp.split,), logits, target, loss, lse, dx, scale, part, sync, m, v, sp.split, sx, sdx,
                        ignore_index, smoothing, z_loss, softcap or 0.0, SOFTCAP=bool(softcap), SMOOTH=smoothing > 0.0,
-                       CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PHASE=phase, num_warps=sp.num_warps)
+                       CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PHASE=phase, num_warps=sp.num_warps,
+                       fp_fusion=False)  # no FMA: both launch forms give the same bits
         return
     p = ce_fwd_policy(m, v, sms if need_grad else 0, need_grad, t)  # sms: grad only
     _fwd((p.grid,), logits, target, loss, lse, dx, scale, m, v, sx, sdx, ignore_index, smoothing, z_loss,

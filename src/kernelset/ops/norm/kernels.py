@@ -179,19 +179,19 @@ def _norm_fwd_split_kernel(X, R, W, B, Y, H, MEAN, RSTD, PART, SYNC, M, N, split
     xf = x.to(tl.float32)
     if PHASE != 2:
         if IS_RMS:
-            rowsync.publish(PART, row, chunk, tl.sum(xf * xf, axis=0), 0.0, 0.0, 0.0, 1, SPLIT_P2, PHASE)
+            rowsync.publish(PART, SYNC, row, chunk, tl.sum(xf * xf, axis=0), 0.0, 0.0, 0.0, 1, SPLIT_P2, PHASE)
         else:
             n_c = tl.minimum(N - chunk * CHUNK, CHUNK).to(tl.float32)
             s_c = tl.sum(xf, axis=0)
             d = tl.where(m, xf - s_c / n_c, 0.0)
-            rowsync.publish(PART, row, chunk, s_c, tl.sum(d * d, axis=0), 0.0, 0.0, 2, SPLIT_P2, PHASE)
+            rowsync.publish(PART, SYNC, row, chunk, s_c, tl.sum(d * d, axis=0), 0.0, 0.0, 2, SPLIT_P2, PHASE)
     if PHASE != 1:
         if IS_RMS:
-            pa, _pb, _pc, _pd = rowsync.gather(PART, row, split, 1, SPLIT_P2, PHASE)
+            pa, _pb, _pc, _pd = rowsync.gather(PART, SYNC, row, split, 1, SPLIT_P2, PHASE)
             var = rowsync.tree_sum(pa, SPLIT_P2) / N
             xn = xf
         else:
-            pa, pb, _pc, _pd = rowsync.gather(PART, row, split, 2, SPLIT_P2, PHASE)
+            pa, pb, _pc, _pd = rowsync.gather(PART, SYNC, row, split, 2, SPLIT_P2, PHASE)
             i = tl.arange(0, SPLIT_P2)
             n_i = tl.minimum(tl.maximum(N - i * CHUNK, 0), CHUNK).to(tl.float32)
             mean = rowsync.tree_sum(pa, SPLIT_P2) / N

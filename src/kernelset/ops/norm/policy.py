@@ -32,12 +32,15 @@ class NormTuning:
     looped_block_fwd: int = 16384
     looped_warps_fwd: int = 16
     looped_programs_per_sm: int = 4
-    # split forward (rows wider than max_block_fwd, replacing the looped forward where it runs):
-    # one program per chunk of split_chunk_fwd columns, the row's programs exchange statistics
-    # (ops/rowsync.py), so x is read once at any width; 0 turns it off (the C ABI: its plans have
-    # no zeroed sync buffer yet)
+    # split forward (rows of split_min_fwd and wider, next power of two, in place of the looped
+    # forward): one program per chunk of split_chunk_fwd columns, the row's programs exchange
+    # statistics (ops/rowsync.py), so x is read once at any width; 0 turns it off (the C ABI: its
+    # plans have no zeroed sync buffer yet). H100 (scripts/split_tune.py, 2026-11-25 s10):
+    # 1024x262144 81.8% of copy against the looped 67.6%; at 4096x65536 the looped one wins (93.6%
+    # against 82.7%: its second pass still finds the row in L2), hence the threshold
     split_chunk_fwd: int = 8192
-    split_warps_fwd: int = 8
+    split_warps_fwd: int = 4
+    split_min_fwd: int = 131072
     dwdb_block_m: int = 32
     dwdb_block_n: int = 128
     dwdb_programs_per_sm: int = 4
@@ -93,7 +96,7 @@ def fwd_policy(m: int, n: int, sms: int, t: NormTuning) -> NormLaunch:
 def fwd_split_policy(n: int, sms: int, t: NormTuning) -> SplitLaunch | None:
     """The split forward's launch for rows of n, or None where the block or looped forward runs.
     Independent of the row count, like the others (batch invariance)."""
-    if t.split_chunk_fwd <= 0 or _pow2(n) <= t.max_block_fwd:
+    if t.split_chunk_fwd <= 0 or _pow2(n) <= t.max_block_fwd or _pow2(n) < t.split_min_fwd:
         return None
     chunk = min(t.split_chunk_fwd, _pow2(n))
     split = -(-n // chunk)

@@ -138,9 +138,9 @@ def _softmax_fwd_split_kernel(X, Y, PART, SYNC, M, N, split, stride_x, stride_y,
         m_c = tl.max(z, axis=0)
         m_cs = tl.where(m_c == -float("inf"), 0.0, m_c)
         s_c = tl.sum(tl.exp2((z - m_cs) * 1.4426950408889634), axis=0)
-        rowsync.publish(PART, row, chunk, m_c, s_c, 0.0, 0.0, 2, SPLIT_P2, PHASE)
+        rowsync.publish(PART, SYNC, row, chunk, m_c, s_c, 0.0, 0.0, 2, SPLIT_P2, PHASE)
     if PHASE != 1:
-        pm, ps, _pc, _pd = rowsync.gather(PART, row, split, 2, SPLIT_P2, PHASE)
+        pm, ps, _pc, _pd = rowsync.gather(PART, SYNC, row, split, 2, SPLIT_P2, PHASE)
         pm = tl.where(tl.arange(0, SPLIT_P2) < split, pm, -float("inf"))
         m = tl.max(pm, axis=0)
         m = tl.where(m == -float("inf"), 0.0, m)  # an all -inf row gives NaN below, as torch does
@@ -171,9 +171,9 @@ def _softmax_bwd_split_kernel(DY, Y, DX, PART, SYNC, M, N, split, stride_dy, str
             c_c = tl.sum(dy, axis=0)
         else:
             c_c = tl.sum(dy * y, axis=0)
-        rowsync.publish(PART, row, chunk, c_c, 0.0, 0.0, 0.0, 1, SPLIT_P2, PHASE)
+        rowsync.publish(PART, SYNC, row, chunk, c_c, 0.0, 0.0, 0.0, 1, SPLIT_P2, PHASE)
     if PHASE != 1:
-        pc, _pb, _pc2, _pd = rowsync.gather(PART, row, split, 1, SPLIT_P2, PHASE)
+        pc, _pb, _pc2, _pd = rowsync.gather(PART, SYNC, row, split, 1, SPLIT_P2, PHASE)
         c = rowsync.tree_sum(pc, SPLIT_P2)
         if LOG:
             dx = dy - tl.exp2(y * 1.4426950408889634) * c

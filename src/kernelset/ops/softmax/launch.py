@@ -32,10 +32,14 @@ class SoftmaxTuning:
     looped_warps: int = 32
     looped_programs_per_sm: int = 4  # persistent grid: rows in flight per SM
     # split kernels (rows wider than max_block_*, in place of the looped ones): one program per
-    # chunk of split_chunk columns, the row's programs exchange partials (ops/rowsync.py), so the
-    # input is read once at any width; 0 turns them off (the C ABI: no zeroed sync buffer yet)
-    split_chunk: int = 8192
-    split_warps: int = 8
+    # chunk of split_chunk_* columns, the row's programs exchange partials (ops/rowsync.py), so
+    # the inputs are read once at any width; 0 turns one off. H100 (scripts/split_tune.py,
+    # 2026-11-25 s10): the backward at 4096x131072 96.3% of copy against the looped 74.8%; the
+    # forward measured slower split (70.0% against 86.7%: it computes exp twice around a
+    # barrier), so it stays looped (and the C ABI, which has no zeroed sync buffer, runs that)
+    split_chunk_fwd: int = 0
+    split_chunk_bwd: int = 16384
+    split_warps: int = 4
 
 
 _tuning = TuningStack(SoftmaxTuning())
@@ -61,13 +65,13 @@ class SplitLaunch:
 
 
 @functools.lru_cache(maxsize=4096)
-def split_policy(n: int, max_block: int, sms: int, t: SoftmaxTuning) -> SplitLaunch | None:
-    """The split kernels' launch for rows of n, or None where the block or looped kernels run
-    (independent of the row count: batch invariance)."""
+def split_policy(n: int, max_block: int, chunk: int, sms: int, t: SoftmaxTuning) -> SplitLaunch | None:
+    """The split kernels' launch for rows of n (chunk: the direction's split_chunk_*), or None
+    where the block or looped kernels run (independent of the row count: batch invariance)."""
     block = 1 << max(0, (n - 1).bit_length())
-    if t.split_chunk <= 0 or block <= max_block:
+    if chunk <= 0 or block <= max_block:
         return None
-    chunk = min(t.split_chunk, block)
+    chunk = min(chunk, block)
     split = -(-n // chunk)
     if split > 2 * sms:  # a row's programs must all be resident at once: two per SM always fit
         return None
@@ -93,11 +97,12 @@ def softmax_fwd(x: torch.Tensor, temperature: float, log: bool, out_dtype: torch
         return y
     t = active()
     sms = sm_count(x.device)
-    sp = split_policy(n, t.max_block_fwd, sms, t)
+    sp = split_policy(n, t.max_block_fwd, t.split_chunk_fwd, sms, t)
     if sp is not None:
         for phase, sync, part in launches(x.device, m, 2, sp.split_p2):
             _fwd_split((m * sp.split,), x, y, part, sync, m, n, sp.split, row_stride(x), n, 1.0 / temperature, LOG=log,
-                       CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PHASE=phase, num_warps=sp.num_warps)
+                       CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PHASE=phase, num_warps=sp.num_warps,
+                       fp_fusion=False)  # no FMA: both launch forms give the same bits
         return y
     p = policy(m, n, t.max_block_fwd, sms, t)
     args = (x, y, m, n, row_stride(x), n, 1.0 / temperature)
@@ -116,12 +121,12 @@ def softmax_bwd(dy: torch.Tensor, y: torch.Tensor, temperature: float, log: bool
         return dx
     t = active()
     sms = sm_count(y.device)
-    sp = split_policy(n, t.max_block_bwd, sms, t)
+    sp = split_policy(n, t.max_block_bwd, t.split_chunk_bwd, sms, t)
     if sp is not None:
         for phase, sync, part in launches(y.device, m, 1, sp.split_p2):
             _bwd_split((m * sp.split,), dy, y, dx, part, sync, m, n, sp.split, row_stride(dy), row_stride(y), n,
                        1.0 / temperature, LOG=log, CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PHASE=phase,
-                       num_warps=sp.num_warps)
+                       num_warps=sp.num_warps, fp_fusion=False)
         return dx
     p = policy(m, n, t.max_block_bwd, sms, t)
     args = (dy, y, dx, m, n, row_stride(dy), row_stride(y), n, 1.0 / temperature)
