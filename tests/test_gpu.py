@@ -2,6 +2,8 @@
 real-size rows through the default launch policy, CUDA-graph capture, and compiled kernels."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -49,20 +51,27 @@ def test_layer_norm_large_rows(shape):
 
 @pytest.mark.parametrize("shape", [(2048, 32768), (64, 262144), (300, 100003)], ids=lambda s: f"{s[0]}x{s[1]}")
 def test_split_forward_barrier(shape):
-    """Many rows of several programs each (thousands of programs meeting at per-row barriers):
-    the one-launch split forward equals its two-launch form bit for bit, with and without the
-    residual add, and LayerNorm's merged statistics."""
+    """Many rows of several programs each (thousands of programs meeting at per-row barriers,
+    forced at every width here): the one-launch split forward agrees with its two-launch form
+    to one rounding of the output everywhere (a program that read a partial before it was
+    written would be off by percents in its row), bit for bit for RMSNorm; LayerNorm's chunk
+    sums may be reduced in another order by the two compiled forms at unaligned widths."""
     from kernelset.ops import rowsync
+    from kernelset.ops.norm import policy
 
     x = torch.randn(*shape, dtype=torch.bfloat16, device="cuda")
     r = torch.randn_like(x)
     w = torch.randn(shape[1], dtype=torch.bfloat16, device="cuda")
-    run = lambda: [ks.rms_norm(x, w), ks.layer_norm(x, w, w), *ks.fused_add_rms_norm(x, r, w)]
-    one = run()
-    with rowsync.two_launches():
-        two = run()
-    for a, b in zip(one, two):
-        assert torch.equal(a, b)
+    run = lambda: [ks.rms_norm(x, w), ks.layer_norm(x, w, w), *ks.fused_add_rms_norm(x, r, w)]  # noqa: E731
+    with policy.use(dataclasses.replace(policy.DEFAULT_TUNING, split_min_fwd=0)):
+        one = run()
+        with rowsync.two_launches():
+            two = run()
+    for name, a, b in zip(("rms_norm", "layer_norm", "fused out", "fused residual"), one, two):
+        if name != "layer_norm":
+            assert torch.equal(a, b), name
+        close = torch.isclose(a.float(), b.float(), rtol=2 ** -7, atol=1e-5)
+        assert close.all(), f"{name}: {(~close).sum().item()} elements differ by more than one rounding"
     assert rel_err(one[0], rms_norm_ref(x.float(), w.float(), 1e-6, 0.0, False)[0]) < tolerance("norm", torch.bfloat16)
 
 

@@ -17,7 +17,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 DT_IDS = lambda d: str(d).replace("torch.", "")  # noqa: E731
 SMALL = dataclasses.replace(launch.SoftmaxTuning(), max_block_fwd=256, max_block_bwd=256, looped_block=128,
                             split_chunk_fwd=0, split_chunk_bwd=0)
-SPLIT = dataclasses.replace(SMALL, split_chunk_fwd=128, split_chunk_bwd=128)  # the split kernels instead of the looped ones
+SPLIT = dataclasses.replace(SMALL, split_chunk_fwd=128, split_chunk_bwd=128, split_min=0)  # the split kernels instead of the looped ones
 
 # (id, shape, how, dim, why)
 CASES = [

@@ -28,7 +28,11 @@ Two ways to run the same kernel (``PHASE``, a constexpr):
 
 Partials are combined in chunk order with a fixed pairwise tree (``tree_sum``), never with
 floating-point atomics, so a result does not depend on timing or on the layout the compiler
-gives the partials: both forms give the same bits.
+gives the partials, and the launchers turn FMA contraction off: the two forms give the same bits
+(checked on an H100 for RMSNorm, softmax and cross-entropy). A chunk's own sum is a Triton
+reduction whose order follows the layout the compiler picks for that chunk, which may differ
+between the two compiled forms: LayerNorm at an unaligned width (100003) differed by one rounding
+in 184 of 30M outputs.
 """
 from __future__ import annotations
 

@@ -31,14 +31,17 @@ class SoftmaxTuning:
     looped_block: int = 16384
     looped_warps: int = 32
     looped_programs_per_sm: int = 4  # persistent grid: rows in flight per SM
-    # split kernels (rows wider than max_block_*, in place of the looped ones): one program per
-    # chunk of split_chunk_* columns, the row's programs exchange partials (ops/rowsync.py), so
-    # the inputs are read once at any width; 0 turns one off. H100 (scripts/split_tune.py,
-    # 2026-11-25 s10): the backward at 4096x131072 96.3% of copy against the looped 74.8%; the
-    # forward measured slower split (70.0% against 86.7%: it computes exp twice around a
-    # barrier), so it stays looped (and the C ABI, which has no zeroed sync buffer, runs that)
+    # split kernels (rows of split_min and wider, next power of two, past max_block_*, in place
+    # of the looped ones): one program per chunk of split_chunk_* columns, the row's programs
+    # exchange partials (ops/rowsync.py), so the inputs are read once at any width; 0 turns one
+    # off. H100 (scripts/split_tune.py, 2026-11-25 s10, chunk 8192, 4 warps): the backward at
+    # 4096x131072 95.6% of copy against the looped 74.7%, 94.5% against 65.7% at 1024x262144; the
+    # looped one wins up to 65536 (95.2% against 93.2%). The forward split measured even with the
+    # looped kernel at 131072 (87.5% against 86.9%: it computes exp twice around a barrier), so
+    # the forward stays looped (which the C ABI, with no zeroed sync buffer, runs too)
     split_chunk_fwd: int = 0
-    split_chunk_bwd: int = 16384
+    split_chunk_bwd: int = 8192
+    split_min: int = 131072
     split_warps: int = 4
 
 
@@ -69,7 +72,7 @@ def split_policy(n: int, max_block: int, chunk: int, sms: int, t: SoftmaxTuning)
     """The split kernels' launch for rows of n (chunk: the direction's split_chunk_*), or None
     where the block or looped kernels run (independent of the row count: batch invariance)."""
     block = 1 << max(0, (n - 1).bit_length())
-    if chunk <= 0 or block <= max_block:
+    if chunk <= 0 or block <= max_block or block < t.split_min:
         return None
     chunk = min(chunk, block)
     split = -(-n // chunk)
