@@ -47,7 +47,8 @@ for _name, _log in (("softmax", False), ("log_softmax", True)):
         reference=(lambda log: lambda x, temperature=1.0: ref.fwd(x, temperature, log, x.dtype))(_log),
         tolerance="norm", key=_key, problem=_problem_fn(_name), cost=_cost,
         bench=(BenchCase((32768, 8192), "fwd", bar_pct=90.0), BenchCase((4096, 131072), "fwd", bar_pct=90.0),
-               BenchCase((32768, 8192), "fwd+bwd")) if not _log else (BenchCase((32768, 8192), "fwd"),),
+               BenchCase((32768, 8192), "fwd+bwd"), BenchCase((4096, 131072), "fwd+bwd"))
+        if not _log else (BenchCase((32768, 8192), "fwd"),),
         c_abi=True,
     ))
 
