@@ -165,8 +165,8 @@ for n, max_block in ((8192, t.max_block_fwd), (131072, t.max_block_fwd), (8192, 
                         vec=".v4" in ptx))
 from kernelset.ops.softmax.launch import split_policy
 
-for n, max_block, fwd in ((131072, t.max_block_fwd, True), (65536, t.max_block_bwd, False)):
-    sp = split_policy(n, max_block, 8192 if fwd else t.split_chunk_bwd, 132, t)
+for n, max_block, fwd in ((131072, t.max_block_fwd, True), (131072, t.max_block_bwd, False)):
+    sp = split_policy(n, max_block, 8192 if fwd else t.split_chunk_bwd, 132, t)  # (the forward's is off by default)
     fn = K._softmax_fwd_split_kernel if fwd else K._softmax_bwd_split_kernel
     sig = (dict(X="*bf16", Y="*bf16", PART="*fp32", SYNC="*i32", M="i32", N="i32", split="i32", stride_x="i32",
                 stride_y="i32", inv_t="fp32") if fwd else
