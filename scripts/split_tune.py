@@ -4,9 +4,7 @@ gradient. Every variant's output is checked against an fp32 torch computation be
 (a wrong variant gets no time). Prints % of the copy bandwidth measured in the same run, then one
 line per case with the best variant.
 
-    python scripts/split_tune.py [--quick | --narrow | --parts]
-    # --quick: the default chunk/warps and the looped kernel; --narrow: chunks 8192/16384, 4/8 warps;
-    # --parts: the held split against parts of 2-8 chunks walked twice (no softmax backward)
+    python scripts/split_tune.py [--quick]      # --quick: the default chunk/warps and the looped kernel only
 """
 from __future__ import annotations
 
@@ -24,9 +22,6 @@ from kernelset.ops.norm import policy as norm_policy
 from kernelset.ops.softmax import launch as sm_launch
 
 QUICK = "--quick" in sys.argv[1:]
-# --parts: the held split (chunk 8192, 4 warps) against parts of `per` chunks walked twice
-PARTS = "--parts" in sys.argv[1:]
-PART_SPACE = [(8192, 4, 1)] + [(c, w, p) for p in (2, 4, 8) for c, w in ((8192, 8), (16384, 16))]
 CHUNKS = (8192,) if QUICK else (4096, 8192, 16384)
 if "--narrow" in sys.argv[1:]:
     CHUNKS = (8192, 16384)
@@ -66,15 +61,11 @@ def main() -> int:
     print(f"{torch.cuda.get_device_name(dev)}; copy {copy:.0f} GB/s", flush=True)
     summary = []
     base_n = norm_policy.DEFAULT_TUNING
-    norm_variants = [("looped", lambda: norm_policy.use(dataclasses.replace(base_n, split_chunk_fwd=0)))] + ([
-        (f"split chunk {c} warps {w} per {p}",
-         lambda c=c, w=w, p=p: norm_policy.use(dataclasses.replace(base_n, split_chunk_fwd=c, split_warps_fwd=w,
-                                                                   split_min_fwd=0, split_per_fwd=p)))
-        for c, w, p in PART_SPACE] if PARTS else [
+    norm_variants = [("looped", lambda: norm_policy.use(dataclasses.replace(base_n, split_chunk_fwd=0)))] + [
         (f"split chunk {c} warps {w}",
          lambda c=c, w=w: norm_policy.use(dataclasses.replace(base_n, split_chunk_fwd=c, split_warps_fwd=w,
                                                               split_min_fwd=0)))
-        for c, w in itertools.product(CHUNKS, WARPS)])
+        for c, w in itertools.product(CHUNKS, WARPS)]
     for m, n in ((1024, 262144), (2048, 131072), (4096, 65536)):
         x = torch.randn(m, n, dtype=torch.bfloat16, device=dev)
         w = torch.randn(n, dtype=torch.bfloat16, device=dev)
@@ -93,10 +84,6 @@ def main() -> int:
     del x, ref
 
     base_s = sm_launch.SoftmaxTuning()
-    sm_parts = [(f"split chunk {c} warps {w} per {p}",
-                 lambda c=c, w=w, p=p: sm_launch.use(dataclasses.replace(base_s, split_chunk_fwd=c, split_warps=w,
-                                                                         split_min=0, split_per_fwd=p)))
-                for c, w, p in PART_SPACE]
     sm_variants = [("looped", lambda: sm_launch.use(dataclasses.replace(base_s, split_chunk_fwd=0,
                                                                          split_chunk_bwd=0)))] + [
         (f"split chunk {c} warps {w}",
@@ -106,14 +93,12 @@ def main() -> int:
     from kernelset.ops.softmax.launch import softmax_bwd
     for m, n in ((8192, 16384), (4096, 32768), (4096, 65536), (4096, 131072), (1024, 262144)):
         x = torch.randn(m, n, dtype=torch.bfloat16, device=dev)
-        if n >= 131072:
+        if n == 131072:
             ref = torch.softmax(x.float(), -1)
-            b = sweep(f"softmax fwd {m}x{n}", 4 * m * n, copy, sm_variants[:1] + sm_parts if PARTS else sm_variants,
-                      lambda: ks.softmax(x), lambda y: rel_err(y, ref))
+            b = sweep(f"softmax fwd {m}x{n}", 4 * m * n, copy, sm_variants, lambda: ks.softmax(x),
+                      lambda y: rel_err(y, ref))
             summary.append((f"softmax fwd {m}x{n}", b))
             del ref
-        if PARTS:
-            continue
         y = torch.softmax(x.float(), -1).to(torch.bfloat16)
         dy = torch.randn_like(y)
         yf = y.float()
@@ -124,14 +109,11 @@ def main() -> int:
         del x, y, dy, yf, dref
 
     base_c = ce_launch.CETuning()
-    ce_variants = [("looped", lambda: ce_launch.use(dataclasses.replace(base_c, split_chunk=0)))] + ([
-        (f"split chunk {c} warps {w} per {p}",
-         lambda c=c, w=w, p=p: ce_launch.use(dataclasses.replace(base_c, split_chunk=c, split_warps=w, split_per=p)))
-        for c, w, p in PART_SPACE] if PARTS else [
+    ce_variants = [("looped", lambda: ce_launch.use(dataclasses.replace(base_c, split_chunk=0)))] + [
         (f"split chunk {c} warps {w}",
          lambda c=c, w=w: ce_launch.use(dataclasses.replace(base_c, split_chunk=c, split_warps=w)))
-        for c, w in itertools.product(CHUNKS, WARPS)])
-    for m, v in ((8192, 128256), (4096, 262144)) if PARTS else ((8192, 128256),):
+        for c, w in itertools.product(CHUNKS, WARPS)]
+    for m, v in ((8192, 128256),):
         x = (torch.randn(m, v, device=dev) * 2).to(torch.bfloat16).requires_grad_()
         t = torch.randint(0, v, (m,), device=dev)
         xr = x.detach().float().requires_grad_()
