@@ -27,16 +27,11 @@ CASES = [
     ("split", (3, 1000), "split", "the split kernel: a row over 8 programs (forced 128-wide chunks)"),
     ("split-odd", (5, 4097), "split", "split with a 1-wide last chunk (33 programs per row)"),
     ("split-strided", (4, 300), "split-slice", "split over rows of a wider tensor"),
-    ("split-parts", (3, 1000), "split-parts", "split over parts of 3 chunks walked twice (3 programs per row)"),
-    ("split-parts-odd", (5, 4097), "split-parts", "parts of 3 chunks, the last part 1 logit"),
 ]
 SPLIT = launch.CETuning(split_chunk=128)
-PARTS = launch.CETuning(split_chunk=128, split_per=3)
 
 
 def _use(how):
-    if how == "split-parts":
-        return launch.use(PARTS)
     if how.startswith("split"):
         return launch.use(SPLIT)
     return launch.use(launch.CETuning(block=128, block_fwd=128)) if how == "looped" else launch.use(launch.active())

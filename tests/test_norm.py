@@ -36,15 +36,12 @@ CASES = [
     ("split", (3, 1000), "split", "the split forward (a row over 8 programs), forced on a small row"),
     ("split-odd", (2, 777), "split", "split forward with a ragged last chunk, 7 programs per row"),
     ("split-strided", (3, 600), "split-slice", "split forward over rows of a wider tensor"),
-    ("split-parts", (3, 1000), "split-parts", "split forward walking parts of 3 chunks twice (3 programs per row)"),
-    ("split-parts-odd", (2, 777), "split-parts", "parts of 3 chunks, the last part 1 chunk and ragged"),
 ]
 
 SMALL_TUNING = dataclasses.replace(policy.DEFAULT_TUNING, max_block_fwd=256, max_block_bwd=256, looped_block=128,
                                    looped_block_fwd=128, dwdb_block_m=2, dwdb_block_n=64, split_chunk_fwd=0)
 # the split forward instead of the looped one (the backward stays looped)
 SPLIT_TUNING = dataclasses.replace(SMALL_TUNING, split_chunk_fwd=128, split_min_fwd=0)
-PARTS_TUNING = dataclasses.replace(SPLIT_TUNING, split_per_fwd=3)
 
 
 def _make_x(shape, how, dtype, device):
@@ -61,8 +58,6 @@ def _eps(shape):
 
 
 def _tuning(how):
-    if how == "split-parts":
-        return policy.use(PARTS_TUNING)
     if how.startswith("split"):
         return policy.use(SPLIT_TUNING)
     return policy.use(SMALL_TUNING) if how == "looped" else policy.use(policy.active())
@@ -365,7 +360,7 @@ def test_gradcheck_reference_math(device):
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
-@pytest.mark.parametrize("how", ["plain", "looped", "split", "split-parts"])
+@pytest.mark.parametrize("how", ["plain", "looped", "split"])
 def test_batch_invariance(op, how, device):
     """A row's result does not depend on the rows batched with it (serving needs this)."""
     x = torch.randn(37, 1000, dtype=torch.bfloat16, device=device)
@@ -378,8 +373,7 @@ def test_batch_invariance(op, how, device):
         assert torch.equal(fn(x[3:20]), full[3:20])
 
 
-@pytest.mark.parametrize("per", [1, 3])
-def test_split_forward_runs_and_has_one_launch_form(per, device, monkeypatch):
+def test_split_forward_runs_and_has_one_launch_form(device, monkeypatch):
     """The split tuning really launches the split kernel (several programs per row), and on a GPU
     its one-launch form (programs meet at a barrier) gives the two-launch form's bits."""
     from kernelset.ops import rowsync
@@ -391,13 +385,13 @@ def test_split_forward_runs_and_has_one_launch_form(per, device, monkeypatch):
     x = torch.randn(5, 1000, dtype=torch.bfloat16, device=device)
     r = torch.randn_like(x)
     w = torch.randn(1000, dtype=torch.bfloat16, device=device)
-    with policy.use(dataclasses.replace(SPLIT_TUNING, split_per_fwd=per)):
+    with policy.use(SPLIT_TUNING):
         run = lambda: [ks.rms_norm(x, w, backend="triton"), ks.layer_norm(x, w, w, backend="triton"),
                        *ks.fused_add_rms_norm(x, r, w, backend="triton")]
         one = run()
         with rowsync.two_launches():
             two = run()
-    assert grids and all(g == (5 * (8 if per == 1 else 3),) for g, _ in grids), grids
+    assert grids and all(g == (5 * 8,) for g, _ in grids), grids
     if device.type == "cuda":
         assert {p for _, p in grids} == {0, 1, 2}
     for a, b in zip(one, two):

@@ -17,8 +17,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 DT_IDS = lambda d: str(d).replace("torch.", "")  # noqa: E731
 SMALL = dataclasses.replace(launch.SoftmaxTuning(), max_block_fwd=256, max_block_bwd=256, looped_block=128,
                             split_chunk_fwd=0, split_chunk_bwd=0)
-SPLIT = dataclasses.replace(SMALL, split_chunk_fwd=128, split_chunk_bwd=128, split_min=0)
-PARTS = dataclasses.replace(SPLIT, split_per_fwd=3)  # forward parts of 3 chunks walked twice  # the split kernels instead of the looped ones
+SPLIT = dataclasses.replace(SMALL, split_chunk_fwd=128, split_chunk_bwd=128, split_min=0)  # the split kernels instead of the looped ones
 
 # (id, shape, how, dim, why)
 CASES = [
@@ -35,8 +34,6 @@ CASES = [
     ("split", (3, 1000), "split", -1, "split kernels (a row over 8 programs), forced on a short row"),
     ("split-odd", (2, 777), "split", -1, "split with a ragged last chunk"),
     ("split-strided", (3, 600), "split-slice", -1, "split over rows of a wider tensor"),
-    ("split-parts", (3, 1000), "split-parts", -1, "split forward over parts of 3 chunks (3 programs per row)"),
-    ("split-parts-odd", (2, 777), "split-parts", -1, "parts of 3 chunks, the last one short and ragged"),
     ("split-masked", (4, 700), "split-masked", -1, "split with -inf chunks: a chunk max of -inf merges to 0"),
     ("large-logits", (4, 300), "large", -1, "logits of 1e3: max subtraction keeps exp finite"),
     ("masked", (4, 300), "masked", -1, "-inf entries (attention-style masks) get probability 0"),
@@ -58,8 +55,6 @@ def _x(shape, how, dtype, device):
 
 
 def _use(how):
-    if how == "split-parts":
-        return launch.use(PARTS)
     if how.startswith("split"):
         return launch.use(SPLIT)
     return launch.use(SMALL) if how == "looped" else launch.use(launch.active())
@@ -173,12 +168,12 @@ from kernelset.ops.softmax.launch import split_policy
 for n, max_block, fwd in ((131072, t.max_block_fwd, True), (131072, t.max_block_bwd, False)):
     sp = split_policy(n, max_block, 8192 if fwd else t.split_chunk_bwd, 132, t)  # (the forward's is off by default)
     fn = K._softmax_fwd_split_kernel if fwd else K._softmax_bwd_split_kernel
-    sig = (dict(X="*bf16", Y="*bf16", PART="*fp32", SYNC="*i32", M="i32", N="i32", split="i32", per="i32",
-                stride_x="i32", stride_y="i32", inv_t="fp32") if fwd else
+    sig = (dict(X="*bf16", Y="*bf16", PART="*fp32", SYNC="*i32", M="i32", N="i32", split="i32", stride_x="i32",
+                stride_y="i32", inv_t="fp32") if fwd else
            dict(DY="*bf16", Y="*bf16", DX="*bf16", PART="*fp32", SYNC="*i32", M="i32", N="i32", split="i32",
                 stride_dy="i32", stride_y="i32", stride_dx="i32", inv_t="fp32"))
     for log in (False, True):
-        consts = dict(LOG=log, CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PHASE=0, **(dict(HOLD=True) if fwd else {}))
+        consts = dict(LOG=log, CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PHASE=0)
         attrs = {(k,): [["tt.divisibility", 16]] for k, (name, ty) in enumerate(sig.items())
                  if ty.startswith("*") or name == "N" or name.startswith("stride")}
         src = ASTSource(fn, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts, attrs=attrs)

@@ -99,72 +99,35 @@ def _ce_fwd_kernel(X, T, LOSS, LSE, DX, SCALE, M, V, stride_x, stride_dx, ignore
 
 
 @triton.jit
-def _ce_grad(x, cols, cm, t, lse, coef, g_scale, smoothing, softcap, V, SOFTCAP: tl.constexpr):
-    z = _softcapped(x, softcap, SOFTCAP)
-    g = tl.exp2(z * _LOG2E - lse * _LOG2E) * coef - (smoothing / V) * g_scale
-    g = tl.where(cols == t, g - (1.0 - smoothing) * g_scale, g)
-    if SOFTCAP:
-        zc = z / softcap
-        g = g * (1.0 - zc * zc)
-    return g
-
-
-@triton.jit
-def _ce_fwd_split_kernel(X, T, LOSS, LSE, DX, SCALE, PART, SYNC, M, V, split, per, stride_x, stride_dx,
-                         ignore_index, smoothing, z_loss, softcap, SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr,
-                         CHUNK: tl.constexpr, SPLIT_P2: tl.constexpr, HOLD: tl.constexpr, PHASE: tl.constexpr):
-    # one program per (row, part of per * CHUNK logits); partials (part max, sum of exp(z - part
-    # max), the target logit: the first part's program loads it before any program of the row
-    # writes, since DX may alias X; with smoothing, sum of z). HOLD (per == 1): the chunk stays in
-    # registers across the barrier; otherwise the part is walked twice, the gradient pass in
-    # reverse chunk order (from L2). Part 0 writes the row's loss and LSE.
+def _ce_fwd_split_kernel(X, T, LOSS, LSE, DX, SCALE, PART, SYNC, M, V, split, stride_x, stride_dx, ignore_index,
+                         smoothing, z_loss, softcap, SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr,
+                         CHUNK: tl.constexpr, SPLIT_P2: tl.constexpr, PHASE: tl.constexpr):
     NSLOT: tl.constexpr = 4 if SMOOTH else 3
+    # one program per (row, chunk of CHUNK logits); partials (chunk max, sum of exp(z - chunk
+    # max), the target logit: chunk 0 loads it before any program of the row writes, since DX
+    # may alias X; with smoothing, sum of z). Chunk 0 writes the row's loss and LSE; every chunk
+    # its gradient.
     tk = rowsync.claim(SYNC, PHASE)
     row = (tk // split).to(tl.int64)
-    j = tk % split
-    k0 = j * per
-    k1 = tl.minimum(k0 + per, tl.cdiv(V, CHUNK))
-    cols0 = tl.arange(0, CHUNK)
+    chunk = tk % split
+    cols = chunk * CHUNK + tl.arange(0, CHUNK)
+    cm = cols < V
     x_row = X + row * stride_x
-    dx_row = DX + row * stride_dx
+    x = tl.load(x_row + cols, mask=cm, other=0.0).to(tl.float32)
+    z = tl.where(cm, _softcapped(x, softcap, SOFTCAP), -float("inf"))
     t = tl.load(T + row).to(tl.int64)
     valid = (t != ignore_index) & (t >= 0) & (t < V)
-    if HOLD:
-        cols = k0 * CHUNK + cols0
-        cm = cols < V
-        x = tl.load(x_row + cols, mask=cm, other=0.0).to(tl.float32)
     if PHASE != 2:
-        xt = 0.0
-        if j == 0:
-            xt = tl.load(x_row + tl.where(valid, t, 0)).to(tl.float32)
+        m_c = tl.max(z, axis=0)
+        m_cs = tl.where(m_c == -float("inf"), 0.0, m_c)
+        s_c = tl.sum(tl.exp2((z - m_cs) * _LOG2E), axis=0)
         zs_c = 0.0
-        if HOLD:
-            z = tl.where(cm, _softcapped(x, softcap, SOFTCAP), -float("inf"))
-            m_c = tl.max(z, axis=0)
-            m_cs = tl.where(m_c == -float("inf"), 0.0, m_c)
-            s_c = tl.sum(tl.exp2((z - m_cs) * _LOG2E), axis=0)
-            if SMOOTH:
-                zs_c = tl.sum(tl.where(cm, z, 0.0), axis=0)
-        else:
-            m_c = -float("inf")
-            s_c = 0.0
-            cols = k0 * CHUNK + cols0
-            x_next = tl.load(x_row + cols, mask=cols < V, other=0.0, eviction_policy="evict_last")
-            for k in range(k0, k1):
-                cols = k * CHUNK + cols0
-                cm = cols < V
-                nxt = cols + CHUNK
-                x = x_next.to(tl.float32)
-                x_next = tl.load(x_row + nxt, mask=(nxt < V) & (nxt < k1 * CHUNK), other=0.0,
-                                 eviction_policy="evict_last")
-                z = tl.where(cm, _softcapped(x, softcap, SOFTCAP), -float("inf"))
-                m_new = tl.maximum(m_c, tl.max(z, axis=0))
-                m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-                s_c = s_c * tl.exp2((m_c - m_safe) * _LOG2E) + tl.sum(tl.exp2((z - m_safe) * _LOG2E), axis=0)
-                m_c = m_new
-                if SMOOTH:
-                    zs_c += tl.sum(tl.where(cm, z, 0.0), axis=0)
-        rowsync.publish(PART, SYNC, row, j, m_c, s_c, xt, zs_c, NSLOT, SPLIT_P2, PHASE)
+        if SMOOTH:
+            zs_c = tl.sum(tl.where(cm, z, 0.0), axis=0)
+        xt = 0.0
+        if chunk == 0:
+            xt = tl.load(x_row + tl.where(valid, t, 0)).to(tl.float32)
+        rowsync.publish(PART, SYNC, row, chunk, m_c, s_c, xt, zs_c, NSLOT, SPLIT_P2, PHASE)
     if PHASE != 1:
         pm, ps, pt, pz = rowsync.gather(PART, SYNC, row, split, NSLOT, SPLIT_P2, PHASE)
         i = tl.arange(0, SPLIT_P2)
@@ -172,7 +135,7 @@ def _ce_fwd_split_kernel(X, T, LOSS, LSE, DX, SCALE, PART, SYNC, M, V, split, pe
         m = tl.max(pm, axis=0)
         m_safe = tl.where(m == -float("inf"), 0.0, m)  # a row of -inf logits
         lse = m_safe + tl.log2(rowsync.tree_sum(ps * tl.exp2((pm - m_safe) * _LOG2E), SPLIT_P2)) * _LN2
-        if j == 0:
+        if chunk == 0:
             zt = _softcapped(tl.sum(tl.where(i == 0, pt, 0.0), axis=0), softcap, SOFTCAP)
             loss = (1.0 - smoothing) * (lse - zt) + z_loss * lse * lse
             if SMOOTH:
@@ -183,21 +146,12 @@ def _ce_fwd_split_kernel(X, T, LOSS, LSE, DX, SCALE, PART, SYNC, M, V, split, pe
             tl.store(LSE + row, lse)
         g_scale = tl.where(valid, tl.load(SCALE), 0.0)
         coef = (1.0 + 2.0 * z_loss * lse) * g_scale
-        if HOLD:
-            g = _ce_grad(x, cols, cm, t, lse, coef, g_scale, smoothing, softcap, V, SOFTCAP)
-            tl.store(dx_row + cols, g.to(DX.dtype.element_ty), mask=cm)
-        else:
-            cols = (k1 - 1) * CHUNK + cols0
-            x_next = tl.load(x_row + cols, mask=cols < V, other=0.0, eviction_policy="evict_first")
-            for ii in range(0, k1 - k0):
-                cols = (k1 - 1 - ii) * CHUNK + cols0
-                cm = cols < V
-                prv = cols - CHUNK
-                x = x_next.to(tl.float32)
-                x_next = tl.load(x_row + prv, mask=(prv >= k0 * CHUNK) & (prv < V), other=0.0,
-                                 eviction_policy="evict_first")
-                g = _ce_grad(x, cols, cm, t, lse, coef, g_scale, smoothing, softcap, V, SOFTCAP)
-                tl.store(dx_row + cols, g.to(DX.dtype.element_ty), mask=cm)
+        g = tl.exp2(z * _LOG2E - lse * _LOG2E) * coef - (smoothing / V) * g_scale
+        g = tl.where(cols == t, g - (1.0 - smoothing) * g_scale, g)
+        if SOFTCAP:
+            zc = z / softcap
+            g = g * (1.0 - zc * zc)
+        tl.store(DX + row * stride_dx + cols, g.to(DX.dtype.element_ty), mask=cm)
 
 
 @triton.jit

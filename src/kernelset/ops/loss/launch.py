@@ -39,8 +39,6 @@ class CETuning:
     # barrier's latency costs more than pass 2's L2 misses at this width
     split_chunk: int = 0
     split_warps: int = 8
-    split_per: int = 1  # chunks per program (1: held in registers across the barrier; more: a part
-    # of per * chunk logits walked twice, the second pass from L2)
 
 
 _tuning = TuningStack(CETuning())
@@ -65,11 +63,10 @@ def ce_fwd_policy(m: int, v: int, sms: int, need_grad: bool, t: CETuning) -> CEL
 
 @dataclasses.dataclass(frozen=True)
 class SplitLaunch:
-    chunk: int  # logits per loop step
+    chunk: int  # logits per program
     split: int  # programs per row
     split_p2: int  # next power of two: the partials' row pitch
     num_warps: int
-    per: int = 1  # chunks per program (1: held in registers across the barrier)
 
 
 def ce_split_policy(v: int, sms: int, need_grad: bool, t: CETuning) -> SplitLaunch | None:
@@ -77,11 +74,10 @@ def ce_split_policy(v: int, sms: int, need_grad: bool, t: CETuning) -> SplitLaun
     of the logits either way; a vocabulary of one chunk)."""
     if not need_grad or t.split_chunk <= 0 or v <= t.split_chunk:
         return None
-    per = max(1, min(t.split_per, -(-v // t.split_chunk)))
-    split = -(-v // (t.split_chunk * per))
+    split = -(-v // t.split_chunk)
     if split > 2 * sms:  # a row's programs must all be resident at once: two per SM always fit
         return None
-    return SplitLaunch(t.split_chunk, split, 1 << max(0, (split - 1).bit_length()), t.split_warps, per)
+    return SplitLaunch(t.split_chunk, split, 1 << max(0, (split - 1).bit_length()), t.split_warps)
 
 
 def ce_rows(logits, target, loss, lse, dx, scale, ignore_index, smoothing, z_loss, softcap, need_grad):
@@ -94,10 +90,9 @@ def ce_rows(logits, target, loss, lse, dx, scale, ignore_index, smoothing, z_los
     sp = ce_split_policy(v, sms, need_grad, t)
     if sp is not None:
         for phase, sync, part in launches(logits.device, m, 4 if smoothing > 0.0 else 3, sp.split_p2):
-            _fwd_split((m * sp.split,), logits, target, loss, lse, dx, scale, part, sync, m, v, sp.split, sp.per, sx,
-                       sdx, ignore_index, smoothing, z_loss, softcap or 0.0, SOFTCAP=bool(softcap),
-                       SMOOTH=smoothing > 0.0, CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, HOLD=sp.per == 1, PHASE=phase,
-                       num_warps=sp.num_warps,
+            _fwd_split((m * sp.split,), logits, target, loss, lse, dx, scale, part, sync, m, v, sp.split, sx, sdx,
+                       ignore_index, smoothing, z_loss, softcap or 0.0, SOFTCAP=bool(softcap), SMOOTH=smoothing > 0.0,
+                       CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PHASE=phase, num_warps=sp.num_warps,
                        fp_fusion=False)  # no FMA: both launch forms give the same bits
         return
     p = ce_fwd_policy(m, v, sms if need_grad else 0, need_grad, t)  # sms: grad only

@@ -154,142 +154,64 @@ def _norm_fwd_looped_kernel(X, R, W, B, Y, H, MEAN, RSTD, M, N, stride_x, stride
 
 
 @triton.jit
-def _norm_split_out(xf, cols, m, row, W, B, Y, stride_y, mean, rstd, offset, IS_RMS: tl.constexpr,
-                    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, GEMMA_CAST: tl.constexpr):
-    if IS_RMS:
-        xn = xf * rstd
-    else:
-        xn = (xf - mean) * rstd
-    if HAS_WEIGHT:
-        w = tl.load(W + cols, mask=m, other=0.0).to(tl.float32) + offset
-        if GEMMA_CAST:
-            y = xn * w
-        else:
-            y = xn.to(Y.dtype.element_ty).to(tl.float32) * w
-    else:
-        y = xn
-    if HAS_BIAS:
-        y += tl.load(B + cols, mask=m, other=0.0).to(tl.float32)
-    tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=m)
-
-
-@triton.jit
-def _norm_fwd_split_kernel(X, R, W, B, Y, H, MEAN, RSTD, PART, SYNC, M, N, split, per, stride_x, stride_r,
-                           stride_y, stride_h, eps, offset, IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+def _norm_fwd_split_kernel(X, R, W, B, Y, H, MEAN, RSTD, PART, SYNC, M, N, split, stride_x, stride_r, stride_y,
+                           stride_h, eps, offset, IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                            HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, GEMMA_CAST: tl.constexpr,
                            STORE_STATS: tl.constexpr, CHUNK: tl.constexpr, SPLIT_P2: tl.constexpr,
-                           HOLD: tl.constexpr, PHASE: tl.constexpr):
-    # One program per (row, part of per * CHUNK columns), ``split`` parts per row (see
-    # ops/rowsync.py). HOLD (per == 1): the part stays in registers while the row's programs
-    # exchange partials, so x is read from HBM once. Otherwise the part is walked in CHUNK steps
-    # twice, statistics then output in reverse order, the second pass finding the part in L2
-    # (few parts in flight: the looped kernel's trick, on a part instead of a whole row).
-    # Partials: RMS (sum x^2); LayerNorm (sum x, sum (x - part mean)^2), merged in part order
-    # (Chan et al.).
+                           PHASE: tl.constexpr):
+    # One program per (row, chunk of CHUNK columns), ``split`` chunks per row (see ops/rowsync.py):
+    # the chunk stays in registers while the row's programs exchange partials, so x is read from
+    # HBM once. Partials: RMS (sum x^2, -, -, -); LayerNorm (sum x, sum (x - chunk mean)^2, -, -),
+    # merged in chunk order (Chan et al.).
     t = rowsync.claim(SYNC, PHASE)
     row = (t // split).to(tl.int64)
-    j = t % split
-    k0 = j * per
-    k1 = tl.minimum(k0 + per, tl.cdiv(N, CHUNK))
-    sub = per * CHUNK
-    cols0 = tl.arange(0, CHUNK)
-    x_row = X + row * stride_x
-    if HOLD:
-        cols = k0 * CHUNK + cols0
-        m = cols < N
-        if PHASE == 2 and HAS_RESIDUAL:  # phase 1 stored h
-            x = tl.load(H + row * stride_h + cols, mask=m, other=0.0)
-        else:
-            x = tl.load(x_row + cols, mask=m, other=0.0)
-            if HAS_RESIDUAL:
-                r = tl.load(R + row * stride_r + cols, mask=m, other=0.0)
-                x = (x.to(tl.float32) + r.to(tl.float32)).to(H.dtype.element_ty)
-                tl.store(H + row * stride_h + cols, x, mask=m)
-        xf = x.to(tl.float32)
-        if PHASE != 2:
-            if IS_RMS:
-                rowsync.publish(PART, SYNC, row, j, tl.sum(xf * xf, axis=0), 0.0, 0.0, 0.0, 1, SPLIT_P2, PHASE)
-            else:
-                n_c = tl.minimum(N - k0 * CHUNK, CHUNK).to(tl.float32)
-                s_c = tl.sum(xf, axis=0)
-                d = tl.where(m, xf - s_c / n_c, 0.0)
-                rowsync.publish(PART, SYNC, row, j, s_c, tl.sum(d * d, axis=0), 0.0, 0.0, 2, SPLIT_P2, PHASE)
-    elif PHASE != 2:
-        acc = tl.zeros([CHUNK], dtype=tl.float32)
-        s_tot = 0.0
-        mean_p = 0.0
-        m2 = 0.0
-        count = 0.0
-        cols = k0 * CHUNK + cols0
-        x_next = tl.load(x_row + cols, mask=cols < N, other=0.0, eviction_policy="evict_last")
+    chunk = t % split
+    cols = chunk * CHUNK + tl.arange(0, CHUNK)
+    m = cols < N
+    if PHASE == 2 and HAS_RESIDUAL:  # phase 1 stored h
+        x = tl.load(H + row * stride_h + cols, mask=m, other=0.0)
+    else:
+        x = tl.load(X + row * stride_x + cols, mask=m, other=0.0)
         if HAS_RESIDUAL:
-            r_row = R + row * stride_r
-            r_next = tl.load(r_row + cols, mask=cols < N, other=0.0, eviction_policy="evict_first")
-        for k in range(k0, k1):
-            cols = k * CHUNK + cols0
-            m = cols < N
-            x = x_next
-            nxt = cols + CHUNK
-            nm = (nxt < N) & (nxt < k1 * CHUNK)
-            x_next = tl.load(x_row + nxt, mask=nm, other=0.0, eviction_policy="evict_last")
-            if HAS_RESIDUAL:
-                r = r_next
-                r_next = tl.load(r_row + nxt, mask=nm, other=0.0, eviction_policy="evict_first")
-                x = (x.to(tl.float32) + r.to(tl.float32)).to(H.dtype.element_ty)
-                tl.store(H + row * stride_h + cols, x, mask=m, eviction_policy="evict_last")
-            xf = x.to(tl.float32)
-            if IS_RMS:
-                acc += xf * xf
-            else:
-                n_c = tl.minimum(N - k * CHUNK, CHUNK).to(tl.float32)
-                s_c = tl.sum(xf, axis=0)
-                mean_c = s_c / n_c
-                d = tl.where(m, xf - mean_c, 0.0)
-                total = count + n_c
-                delta = mean_c - mean_p
-                mean_p += delta * (n_c / total)
-                m2 += tl.sum(d * d, axis=0) + delta * delta * (count * n_c / total)
-                count = total
-                s_tot += s_c
+            r = tl.load(R + row * stride_r + cols, mask=m, other=0.0)
+            x = (x.to(tl.float32) + r.to(tl.float32)).to(H.dtype.element_ty)
+            tl.store(H + row * stride_h + cols, x, mask=m)
+    xf = x.to(tl.float32)
+    if PHASE != 2:
         if IS_RMS:
-            rowsync.publish(PART, SYNC, row, j, tl.sum(acc, axis=0), 0.0, 0.0, 0.0, 1, SPLIT_P2, PHASE)
+            rowsync.publish(PART, SYNC, row, chunk, tl.sum(xf * xf, axis=0), 0.0, 0.0, 0.0, 1, SPLIT_P2, PHASE)
         else:
-            rowsync.publish(PART, SYNC, row, j, s_tot, m2, 0.0, 0.0, 2, SPLIT_P2, PHASE)
+            n_c = tl.minimum(N - chunk * CHUNK, CHUNK).to(tl.float32)
+            s_c = tl.sum(xf, axis=0)
+            d = tl.where(m, xf - s_c / n_c, 0.0)
+            rowsync.publish(PART, SYNC, row, chunk, s_c, tl.sum(d * d, axis=0), 0.0, 0.0, 2, SPLIT_P2, PHASE)
     if PHASE != 1:
-        mean = 0.0
         if IS_RMS:
             pa, _pb, _pc, _pd = rowsync.gather(PART, SYNC, row, split, 1, SPLIT_P2, PHASE)
             var = rowsync.tree_sum(pa, SPLIT_P2) / N
+            xn = xf
         else:
             pa, pb, _pc, _pd = rowsync.gather(PART, SYNC, row, split, 2, SPLIT_P2, PHASE)
             i = tl.arange(0, SPLIT_P2)
-            n_i = tl.minimum(tl.maximum(N - i * sub, 0), sub).to(tl.float32)
+            n_i = tl.minimum(tl.maximum(N - i * CHUNK, 0), CHUNK).to(tl.float32)
             mean = rowsync.tree_sum(pa, SPLIT_P2) / N
             dm = tl.where(n_i > 0, pa / tl.maximum(n_i, 1.0) - mean, 0.0)
             var = (rowsync.tree_sum(pb, SPLIT_P2) + rowsync.tree_sum(n_i * dm * dm, SPLIT_P2)) / N
+            xn = xf - mean
         rstd = tl.rsqrt(var + eps)
-        if HOLD:
-            _norm_split_out(xf, cols, m, row, W, B, Y, stride_y, mean, rstd, offset, IS_RMS, HAS_WEIGHT, HAS_BIAS,
-                            GEMMA_CAST)
-        else:
-            # the part's last chunk first: the likeliest still in L2
-            if HAS_RESIDUAL:
-                src = H + row * stride_h
+        xn = xn * rstd
+        if HAS_WEIGHT:
+            w = tl.load(W + cols, mask=m, other=0.0).to(tl.float32) + offset
+            if GEMMA_CAST:
+                y = xn * w
             else:
-                src = x_row
-            cols = (k1 - 1) * CHUNK + cols0
-            x_next = tl.load(src + cols, mask=cols < N, other=0.0, eviction_policy="evict_first")
-            for i in range(0, k1 - k0):
-                k = k1 - 1 - i
-                cols = k * CHUNK + cols0
-                m = cols < N
-                xf = x_next.to(tl.float32)
-                prv = cols - CHUNK
-                x_next = tl.load(src + prv, mask=(prv >= k0 * CHUNK) & (prv < N), other=0.0,
-                                 eviction_policy="evict_first")
-                _norm_split_out(xf, cols, m, row, W, B, Y, stride_y, mean, rstd, offset, IS_RMS, HAS_WEIGHT,
-                                HAS_BIAS, GEMMA_CAST)
-        if STORE_STATS and j == 0:
+                y = xn.to(Y.dtype.element_ty).to(tl.float32) * w
+        else:
+            y = xn
+        if HAS_BIAS:
+            y += tl.load(B + cols, mask=m, other=0.0).to(tl.float32)
+        tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=m)
+        if STORE_STATS and chunk == 0:
             tl.store(RSTD + row, rstd)
             if not IS_RMS:
                 tl.store(MEAN + row, mean)

@@ -61,10 +61,10 @@ def norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
     sp = fwd_split_policy(n, sms, tuning) if p.looped else None
     if sp is not None:
         for phase, sync, part in launches(dev, m, 1 if is_rms else 2, sp.split_p2):
-            _fwd_split((m * sp.split,), x, residual, weight, bias, y, h, mean, rstd, part, sync, m, n, sp.split,
-                       sp.per, sx, sr, sy, sh, eps, offset, IS_RMS=is_rms, HAS_RESIDUAL=residual is not None,
+            _fwd_split((m * sp.split,), x, residual, weight, bias, y, h, mean, rstd, part, sync, m, n, sp.split, sx,
+                       sr, sy, sh, eps, offset, IS_RMS=is_rms, HAS_RESIDUAL=residual is not None,
                        HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, GEMMA_CAST=gemma_cast,
-                       STORE_STATS=stats, CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, HOLD=sp.per == 1, PHASE=phase,
+                       STORE_STATS=stats, CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PHASE=phase,
                        num_warps=sp.num_warps, fp_fusion=False)  # no FMA: both launch forms give the same bits
     elif p.looped:
         _fwd_looped((p.grid,), x, residual, weight, bias, y, h, mean, rstd, m, n, sx, sr, sy, sh, eps, offset,

@@ -41,8 +41,6 @@ class NormTuning:
     split_chunk_fwd: int = 8192
     split_warps_fwd: int = 4
     split_min_fwd: int = 131072
-    split_per_fwd: int = 1  # chunks per program: 1 holds its chunk in registers across the barrier;
-    # more walk a part of per * chunk columns twice (the second pass from L2)
     dwdb_block_m: int = 32
     dwdb_block_n: int = 128
     dwdb_programs_per_sm: int = 4
@@ -67,11 +65,10 @@ class NormLaunch:
 
 @dataclasses.dataclass(frozen=True)
 class SplitLaunch:
-    chunk: int  # columns per loop step
+    chunk: int  # columns per program
     split: int  # programs per row
     split_p2: int  # next power of two: the partials' row pitch
     num_warps: int
-    per: int = 1  # chunks per program (1: held in registers across the barrier)
 
 
 def _pow2(n: int) -> int:
@@ -102,11 +99,10 @@ def fwd_split_policy(n: int, sms: int, t: NormTuning) -> SplitLaunch | None:
     if t.split_chunk_fwd <= 0 or _pow2(n) <= t.max_block_fwd or _pow2(n) < t.split_min_fwd:
         return None
     chunk = min(t.split_chunk_fwd, _pow2(n))
-    per = max(1, min(t.split_per_fwd, -(-n // chunk)))
-    split = -(-n // (chunk * per))
+    split = -(-n // chunk)
     if split > 2 * sms:  # a row's programs must all be resident at once: two per SM always fit
         return None
-    return SplitLaunch(chunk, split, _pow2(split), t.split_warps_fwd, per)
+    return SplitLaunch(chunk, split, _pow2(split), t.split_warps_fwd)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -125,72 +125,31 @@ def _softmax_bwd_looped_kernel(DY, Y, DX, M, N, stride_dy, stride_y, stride_dx, 
 
 
 @triton.jit
-def _softmax_fwd_split_kernel(X, Y, PART, SYNC, M, N, split, per, stride_x, stride_y, inv_t, LOG: tl.constexpr,
-                              CHUNK: tl.constexpr, SPLIT_P2: tl.constexpr, HOLD: tl.constexpr,
-                              PHASE: tl.constexpr):
-    # one program per (row, part of per * CHUNK columns); partials (part max, sum of exp(z - part
-    # max)). HOLD (per == 1): the chunk stays in registers across the barrier; otherwise the part
-    # is walked twice, the output pass in reverse chunk order (from L2).
+def _softmax_fwd_split_kernel(X, Y, PART, SYNC, M, N, split, stride_x, stride_y, inv_t, LOG: tl.constexpr,
+                              CHUNK: tl.constexpr, SPLIT_P2: tl.constexpr, PHASE: tl.constexpr):
+    # one program per (row, chunk); partials (chunk max, sum of exp(z - chunk max), -, -)
     t = rowsync.claim(SYNC, PHASE)
     row = (t // split).to(tl.int64)
-    j = t % split
-    k0 = j * per
-    k1 = tl.minimum(k0 + per, tl.cdiv(N, CHUNK))
-    cols0 = tl.arange(0, CHUNK)
-    x_row = X + row * stride_x
-    y_row = Y + row * stride_y
-    if HOLD:
-        cols = k0 * CHUNK + cols0
-        cm = cols < N
-        z = tl.load(x_row + cols, mask=cm, other=-float("inf")).to(tl.float32) * inv_t
-        if PHASE != 2:
-            m_c = tl.max(z, axis=0)
-            m_cs = tl.where(m_c == -float("inf"), 0.0, m_c)
-            s_c = tl.sum(tl.exp2((z - m_cs) * 1.4426950408889634), axis=0)
-            rowsync.publish(PART, SYNC, row, j, m_c, s_c, 0.0, 0.0, 2, SPLIT_P2, PHASE)
-    elif PHASE != 2:
-        m_c = -float("inf")
-        s_c = 0.0
-        cols = k0 * CHUNK + cols0
-        z_next = tl.load(x_row + cols, mask=cols < N, other=-float("inf"), eviction_policy="evict_last")
-        for k in range(k0, k1):
-            nxt = k * CHUNK + cols0 + CHUNK
-            z = z_next.to(tl.float32) * inv_t
-            z_next = tl.load(x_row + nxt, mask=(nxt < N) & (nxt < k1 * CHUNK), other=-float("inf"),
-                             eviction_policy="evict_last")
-            m_new = tl.maximum(m_c, tl.max(z, axis=0))
-            m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-            s_c = s_c * tl.exp2((m_c - m_safe) * 1.4426950408889634) + tl.sum(
-                tl.exp2((z - m_safe) * 1.4426950408889634), axis=0)
-            m_c = m_new
-        rowsync.publish(PART, SYNC, row, j, m_c, s_c, 0.0, 0.0, 2, SPLIT_P2, PHASE)
+    chunk = t % split
+    cols = chunk * CHUNK + tl.arange(0, CHUNK)
+    cm = cols < N
+    z = tl.load(X + row * stride_x + cols, mask=cm, other=-float("inf")).to(tl.float32) * inv_t
+    if PHASE != 2:
+        m_c = tl.max(z, axis=0)
+        m_cs = tl.where(m_c == -float("inf"), 0.0, m_c)
+        s_c = tl.sum(tl.exp2((z - m_cs) * 1.4426950408889634), axis=0)
+        rowsync.publish(PART, SYNC, row, chunk, m_c, s_c, 0.0, 0.0, 2, SPLIT_P2, PHASE)
     if PHASE != 1:
         pm, ps, _pc, _pd = rowsync.gather(PART, SYNC, row, split, 2, SPLIT_P2, PHASE)
         pm = tl.where(tl.arange(0, SPLIT_P2) < split, pm, -float("inf"))
         m = tl.max(pm, axis=0)
         m = tl.where(m == -float("inf"), 0.0, m)  # an all -inf row gives NaN below, as torch does
         s = rowsync.tree_sum(ps * tl.exp2((pm - m) * 1.4426950408889634), SPLIT_P2)
-        log_s = tl.log2(s) * 0.6931471805599453
-        if HOLD:
-            if LOG:
-                y = z - m - log_s
-            else:
-                y = tl.exp2((z - m) * 1.4426950408889634) / s
-            tl.store(y_row + cols, y.to(Y.dtype.element_ty), mask=cm)
+        if LOG:
+            y = z - m - tl.log2(s) * 0.6931471805599453
         else:
-            cols = (k1 - 1) * CHUNK + cols0
-            z_next = tl.load(x_row + cols, mask=cols < N, other=-float("inf"), eviction_policy="evict_first")
-            for i in range(0, k1 - k0):
-                cols = (k1 - 1 - i) * CHUNK + cols0
-                prv = cols - CHUNK
-                z = z_next.to(tl.float32) * inv_t
-                z_next = tl.load(x_row + prv, mask=(prv >= k0 * CHUNK) & (prv < N), other=-float("inf"),
-                                 eviction_policy="evict_first")
-                if LOG:
-                    y = z - m - log_s
-                else:
-                    y = tl.exp2((z - m) * 1.4426950408889634) / s
-                tl.store(y_row + cols, y.to(Y.dtype.element_ty), mask=cols < N)
+            y = tl.exp2((z - m) * 1.4426950408889634) / s
+        tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=cm)
 
 
 @triton.jit

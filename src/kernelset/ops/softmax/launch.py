@@ -43,8 +43,6 @@ class SoftmaxTuning:
     split_chunk_bwd: int = 8192
     split_min: int = 131072
     split_warps: int = 4
-    split_per_fwd: int = 1  # forward: chunks per program (1: held in registers across the barrier;
-    # more: a part of per * chunk columns walked twice, the second pass from L2)
 
 
 _tuning = TuningStack(SoftmaxTuning())
@@ -63,26 +61,24 @@ class SoftmaxLaunch:
 
 @dataclasses.dataclass(frozen=True)
 class SplitLaunch:
-    chunk: int  # columns per loop step
+    chunk: int  # columns per program
     split: int  # programs per row
     split_p2: int  # next power of two: the partials' row pitch
     num_warps: int
-    per: int = 1  # chunks per program (1: held in registers across the barrier)
 
 
 @functools.lru_cache(maxsize=4096)
-def split_policy(n: int, max_block: int, chunk: int, sms: int, t: SoftmaxTuning, per: int = 1) -> SplitLaunch | None:
+def split_policy(n: int, max_block: int, chunk: int, sms: int, t: SoftmaxTuning) -> SplitLaunch | None:
     """The split kernels' launch for rows of n (chunk: the direction's split_chunk_*), or None
     where the block or looped kernels run (independent of the row count: batch invariance)."""
     block = 1 << max(0, (n - 1).bit_length())
     if chunk <= 0 or block <= max_block or block < t.split_min:
         return None
     chunk = min(chunk, block)
-    per = max(1, min(per, -(-n // chunk)))
-    split = -(-n // (chunk * per))
+    split = -(-n // chunk)
     if split > 2 * sms:  # a row's programs must all be resident at once: two per SM always fit
         return None
-    return SplitLaunch(chunk, split, 1 << max(0, (split - 1).bit_length()), t.split_warps, per)
+    return SplitLaunch(chunk, split, 1 << max(0, (split - 1).bit_length()), t.split_warps)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -104,12 +100,11 @@ def softmax_fwd(x: torch.Tensor, temperature: float, log: bool, out_dtype: torch
         return y
     t = active()
     sms = sm_count(x.device)
-    sp = split_policy(n, t.max_block_fwd, t.split_chunk_fwd, sms, t, t.split_per_fwd)
+    sp = split_policy(n, t.max_block_fwd, t.split_chunk_fwd, sms, t)
     if sp is not None:
         for phase, sync, part in launches(x.device, m, 2, sp.split_p2):
-            _fwd_split((m * sp.split,), x, y, part, sync, m, n, sp.split, sp.per, row_stride(x), n, 1.0 / temperature,
-                       LOG=log, CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, HOLD=sp.per == 1, PHASE=phase,
-                       num_warps=sp.num_warps,
+            _fwd_split((m * sp.split,), x, y, part, sync, m, n, sp.split, row_stride(x), n, 1.0 / temperature, LOG=log,
+                       CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PHASE=phase, num_warps=sp.num_warps,
                        fp_fusion=False)  # no FMA: both launch forms give the same bits
         return y
     p = policy(m, n, t.max_block_fwd, sms, t)
