@@ -367,3 +367,17 @@ def test_backward_allocates_no_weight_sized_tensor():
     allocating = [f for f in seen if not any(k in f for k in ("_.", "set_", "detach", "view", "alias"))]
     assert not allocating, f"backward allocated gradient-sized tensors: {allocating}"
     assert weight.grad is not None and hidden.grad is not None
+
+
+@pytest.mark.parametrize("opt", [o for o in OPTIONS if o[0] in ("plain", "all")], ids=lambda o: o[0])
+def test_split_cross_entropy_in_place(opt, device):
+    """The cross-entropy step through the split kernel (forced: 16-wide chunks, 13 programs per
+    row), writing each chunk's gradient over its own logits (DX = X), still matches the reference."""
+    from kernelset.ops.loss import launch as ce_launch
+
+    hidden, weight, bias, target = _inputs(torch.float32, device, bias=opt[2])
+    with L.use(SEVERAL), ce_launch.use(ce_launch.CETuning(split_chunk=16)):
+        loss = ks.linear_cross_entropy(hidden, weight, target, bias=bias, backend="triton", **opt[1])
+        loss.backward()
+    want, grads = _reference(hidden, weight, bias, target, opt[1], "mean", None)
+    _check(loss, want, (hidden, weight, bias), grads, torch.float32)

@@ -34,12 +34,12 @@ class SoftmaxTuning:
     # split kernels (rows of split_min and wider, next power of two, past max_block_*, in place
     # of the looped ones): one program per chunk of split_chunk_* columns, the row's programs
     # exchange partials (ops/rowsync.py), so the inputs are read once at any width; 0 turns one
-    # off. H100 (scripts/split_tune.py, 2026-11-25 s10, chunk 8192, 4 warps): the backward at
-    # 4096x131072 95.6% of copy against the looped 74.7%, 94.5% against 65.7% at 1024x262144; the
-    # looped one wins up to 65536 (95.2% against 93.2%). The forward split measured even with the
-    # looped kernel at 131072 (87.5% against 86.9%: it computes exp twice around a barrier), so
-    # the forward stays looped (which the C ABI, with no zeroed sync buffer, runs too)
-    split_chunk_fwd: int = 0
+    # off. H100 (scripts/split_tune.py, 2026-11-25 s10, chunk 8192, 4 warps): backward 95.6% of
+    # copy against the looped 74.7% at 4096x131072, 94.5% against 65.7% at 1024x262144; forward
+    # even at 4096x131072 (86.4% against 86.5%), 84.7% against 72.3% at 1024x262144; the looped
+    # kernels win up to 65536 (backward 95.2% against 93.2%). The C ABI (no zeroed sync buffer)
+    # runs the looped ones everywhere.
+    split_chunk_fwd: int = 8192
     split_chunk_bwd: int = 8192
     split_min: int = 131072
     split_warps: int = 4
