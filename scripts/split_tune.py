@@ -88,7 +88,7 @@ def main() -> int:
                                                                          split_chunk_bwd=0)))] + [
         (f"split chunk {c} warps {w}",
          lambda c=c, w=w: sm_launch.use(dataclasses.replace(base_s, split_chunk_fwd=c, split_chunk_bwd=c,
-                                                            split_warps=w, split_min=0)))
+                                                            split_warps=w, split_min_fwd=0, split_min_bwd=0)))
         for c, w in itertools.product(CHUNKS, WARPS)]
     from kernelset.ops.softmax.launch import softmax_bwd
     for m, n in ((8192, 16384), (4096, 32768), (4096, 65536), (4096, 131072), (1024, 262144)):

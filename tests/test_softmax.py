@@ -17,7 +17,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 DT_IDS = lambda d: str(d).replace("torch.", "")  # noqa: E731
 SMALL = dataclasses.replace(launch.SoftmaxTuning(), max_block_fwd=256, max_block_bwd=256, looped_block=128,
                             split_chunk_fwd=0, split_chunk_bwd=0)
-SPLIT = dataclasses.replace(SMALL, split_chunk_fwd=128, split_chunk_bwd=128, split_min=0)  # the split kernels instead of the looped ones
+SPLIT = dataclasses.replace(SMALL, split_chunk_fwd=128, split_chunk_bwd=128, split_min_bwd=0)  # the split kernels instead of the looped ones
 
 # (id, shape, how, dim, why)
 CASES = [
@@ -166,7 +166,8 @@ for n, max_block in ((8192, t.max_block_fwd), (131072, t.max_block_fwd), (8192, 
 from kernelset.ops.softmax.launch import split_policy
 
 for n, max_block, fwd in ((131072, t.max_block_fwd, True), (131072, t.max_block_bwd, False)):
-    sp = split_policy(n, max_block, 8192 if fwd else t.split_chunk_bwd, 132, t)  # (the forward's is off by default)
+    sp = split_policy(n, max_block, t.split_chunk_fwd if fwd else t.split_chunk_bwd,
+                      t.split_min_fwd if fwd else t.split_min_bwd, 132, t)
     fn = K._softmax_fwd_split_kernel if fwd else K._softmax_bwd_split_kernel
     sig = (dict(X="*bf16", Y="*bf16", PART="*fp32", SYNC="*i32", M="i32", N="i32", split="i32", stride_x="i32",
                 stride_y="i32", inv_t="fp32") if fwd else

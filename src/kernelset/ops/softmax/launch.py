@@ -31,17 +31,21 @@ class SoftmaxTuning:
     looped_block: int = 16384
     looped_warps: int = 32
     looped_programs_per_sm: int = 4  # persistent grid: rows in flight per SM
-    # split kernels (rows of split_min and wider, next power of two, past max_block_*, in place
+    # split kernels (rows of split_min_* and wider, next power of two, past max_block_*, in place
     # of the looped ones): one program per chunk of split_chunk_* columns, the row's programs
     # exchange partials (ops/rowsync.py), so the inputs are read once at any width; 0 turns one
-    # off. H100 (scripts/split_tune.py, 2026-11-25 s10, chunk 8192, 4 warps): backward 95.6% of
-    # copy against the looped 74.7% at 4096x131072, 94.5% against 65.7% at 1024x262144; forward
-    # even at 4096x131072 (86.4% against 86.5%), 84.7% against 72.3% at 1024x262144; the looped
-    # kernels win up to 65536 (backward 95.2% against 93.2%). The C ABI (no zeroed sync buffer)
-    # runs the looped ones everywhere.
+    # off. H100 (scripts/split_tune.py, split_small_m.py, 2026-11-25 s10; chunk 8192, 4 warps):
+    # - forward: 88.2% of copy against the looped 82.6% at 16384x32768, 85.2 / 74.1% at
+    #   4096x32000, 84.7 / 72.3% at 1024x262144; 3% behind at 4096-8192 x 65536 and even from
+    #   2048 rows down; at decode sizes 2-7x faster (1 x 128256: 5.4 against 20.1 us; the
+    #   looped kernel runs one program per row), so from the first looped width on;
+    # - backward: 95.6% against 74.7% at 4096x131072, 94.5 / 65.7% at 1024x262144; the looped
+    #   kernel wins at 32768-65536 (97.3 / 92.1%), so from 131072.
+    # The C ABI (no zeroed sync buffer) runs the looped kernels everywhere.
     split_chunk_fwd: int = 8192
     split_chunk_bwd: int = 8192
-    split_min: int = 131072
+    split_min_fwd: int = 0
+    split_min_bwd: int = 131072
     split_warps: int = 4
 
 
@@ -68,11 +72,12 @@ class SplitLaunch:
 
 
 @functools.lru_cache(maxsize=4096)
-def split_policy(n: int, max_block: int, chunk: int, sms: int, t: SoftmaxTuning) -> SplitLaunch | None:
-    """The split kernels' launch for rows of n (chunk: the direction's split_chunk_*), or None
-    where the block or looped kernels run (independent of the row count: batch invariance)."""
+def split_policy(n: int, max_block: int, chunk: int, min_block: int, sms: int, t: SoftmaxTuning) -> SplitLaunch | None:
+    """The split kernels' launch for rows of n (chunk, min_block: the direction's split_chunk_*,
+    split_min_*), or None where the block or looped kernels run (independent of the row count:
+    batch invariance)."""
     block = 1 << max(0, (n - 1).bit_length())
-    if chunk <= 0 or block <= max_block or block < t.split_min:
+    if chunk <= 0 or block <= max_block or block < min_block:
         return None
     chunk = min(chunk, block)
     split = -(-n // chunk)
@@ -100,7 +105,7 @@ def softmax_fwd(x: torch.Tensor, temperature: float, log: bool, out_dtype: torch
         return y
     t = active()
     sms = sm_count(x.device)
-    sp = split_policy(n, t.max_block_fwd, t.split_chunk_fwd, sms, t)
+    sp = split_policy(n, t.max_block_fwd, t.split_chunk_fwd, t.split_min_fwd, sms, t)
     if sp is not None:
         for phase, sync, part in launches(x.device, m, 2, sp.split_p2):
             _fwd_split((m * sp.split,), x, y, part, sync, m, n, sp.split, row_stride(x), n, 1.0 / temperature, LOG=log,
@@ -124,7 +129,7 @@ def softmax_bwd(dy: torch.Tensor, y: torch.Tensor, temperature: float, log: bool
         return dx
     t = active()
     sms = sm_count(y.device)
-    sp = split_policy(n, t.max_block_bwd, t.split_chunk_bwd, sms, t)
+    sp = split_policy(n, t.max_block_bwd, t.split_chunk_bwd, t.split_min_bwd, sms, t)
     if sp is not None:
         for phase, sync, part in launches(y.device, m, 1, sp.split_p2):
             _bwd_split((m * sp.split,), dy, y, dx, part, sync, m, n, sp.split, row_stride(dy), row_stride(y), n,
