@@ -190,20 +190,13 @@ def make_run(op: str, c: dict, device) -> Run:
         return Run(cid, "ks_gelu_and_mul", lambda: (ks.gelu_and_mul(x, approximate=approx, backend="triton"),),
                    lambda: (capi.gelu_and_mul(x, approximate=approx),), None, _nbytes(x) * 3 // 2)
     if op == "softmax_fwd":
-        from kernelset.ops.softmax import launch as sl
         x = randn(c["m"], c["n"], dtype=c["dtype"])
         t = c["temperature"]
-        # the C ABI's tuning (looped kernels, no split: capi/aot/ops/softmax.py), so both run the same kernel
-        c_tuning = dataclasses.replace(sl.SoftmaxTuning(), split_chunk_fwd=0)
-        fn = ks.log_softmax if c["log"] else ks.softmax
-
-        def python():
-            with sl.use(c_tuning):
-                return (fn(x, temperature=t, backend="triton"),)
-
-        capi_fn = capi.log_softmax if c["log"] else capi.softmax
-        return Run(cid, "ks_log_softmax" if c["log"] else "ks_softmax", python,
-                   lambda: (capi_fn(x, temperature=t),), None, 2 * _nbytes(x))
+        if c["log"]:
+            return Run(cid, "ks_log_softmax", lambda: (ks.log_softmax(x, temperature=t, backend="triton"),),
+                       lambda: (capi.log_softmax(x, temperature=t),), None, 2 * _nbytes(x))
+        return Run(cid, "ks_softmax", lambda: (ks.softmax(x, temperature=t, backend="triton"),),
+                   lambda: (capi.softmax(x, temperature=t),), None, 2 * _nbytes(x))
     if op == "rope_fwd":
         t, hq, hk, d, rot = c["t"], c["hq"], c["hk"], c["d"], c["rot"]
         q0 = randn(t, hq, d, dtype=c["dtype"])

@@ -1,12 +1,11 @@
 """rms_norm, fused_add_rms_norm and layer_norm forward (one kernel pair, one glue)."""
 from __future__ import annotations
 
-import dataclasses
 import itertools
 
 from record import meta
 
-from .base import KernelRef, Op, PolicyRef, mod, pow2s
+from .base import KernelRef, Op, PolicyRef, align256, mod, pow2s
 
 # ---------------------------------------------------------------------------------------------
 # norm: rms_norm and fused_add_rms_norm forward (layer_norm shares the kernels and the glue)
@@ -21,10 +20,13 @@ def _norm_cases(which: str) -> list[dict]:
                 dict(base, n=1000, x="fp32", res=True),
                 dict(base, n=100, x="bf16", w=None),  # no weight, 16 rows per program
                 dict(base, n=40000, x="bf16"),  # looped kernel (row wider than 16384)
+                dict(base, n=140000, x="bf16", res=True),  # split kernel (rows of 131072 and wider), 18 per row
+                dict(base, n=140000, x="fp32", rms=False, bias=True, stats=True, gemma=True),  # split LayerNorm
                 # the fallback (align16) variant, which the smoke program runs: no exact variant has M = 1
                 dict(base, m=1, n=4096, x="bf16", generic=True),
                 # GPU checks: x and y 256 MB each
                 dict(base, m=32768, n=4096, x="bf16", gpu="rms_norm"),
+                dict(base, m=512, n=262144, x="bf16", gpu="rms_norm_wide"),  # the split kernel
                 dict(base, m=32768, n=4096, x="bf16", res=True, gpu="fused_add_rms_norm"),
                 # (the Python layer_norm backend calls norm_fwd with gemma_cast=True: one rounding)
                 dict(base, m=32768, n=4096, x="bf16", rms=False, bias=True, eps=1e-5, gemma=True, gpu="layer_norm")]
@@ -70,14 +72,6 @@ def _norm_cases(which: str) -> list[dict]:
 
 
 def _norm_python(c: dict):
-    # The C ABI runs the looped forward where the package runs the split one (rows wider than
-    # 16384): the split kernel needs a zeroed sync buffer per launch, which a C plan cannot make yet.
-    policy = mod("kernelset.ops.norm.policy")
-    with policy.use(dataclasses.replace(policy.DEFAULT_TUNING, split_chunk_fwd=0)):
-        return _norm_python_launch(c)
-
-
-def _norm_python_launch(c: dict):
     launch = mod("kernelset.ops.norm.launch")
     m, n = c["m"], c["n"]
     x = meta((m, n), c["x"], (c.get("x_stride", n), 1))
@@ -92,6 +86,15 @@ def _norm_python_launch(c: dict):
     if not c.get("inplace"):
         names["Y"] = y
     return names
+
+
+def _norm_placed(c: dict, launches: list) -> dict:
+    """The split kernel's partials and counters, in the discard buffer in that order."""
+    split = [dict((p[0], p[3]) for p in ln["params"]) for ln in launches if ln["kernel"] == "_norm_fwd_split_kernel"]
+    if not split:
+        return {}
+    part_bytes = c["m"] * (1 if c["rms"] else 2) * split[0]["SPLIT_P2"] * 4
+    return {"~PART": ("scratch", 0), "~SYNC": ("scratch", align256(part_bytes))}
 
 
 def _norm_c_args(c: dict) -> list:
@@ -111,8 +114,13 @@ NORM_FWD = Op(
     kernels=[KernelRef("kernelset.ops.norm.kernels", "_norm_fwd_kernel",
                        ("N", "stride_x", "stride_r", "stride_y", "stride_h")),
              KernelRef("kernelset.ops.norm.kernels", "_norm_fwd_looped_kernel",
+                       ("N", "stride_x", "stride_r", "stride_y", "stride_h")),
+             KernelRef("kernelset.ops.rowsync", "_rowsync_zero_kernel", ()),
+             KernelRef("kernelset.ops.norm.kernels", "_norm_fwd_split_kernel",
                        ("N", "stride_x", "stride_r", "stride_y", "stride_h"))],
     policies=[PolicyRef("kernelset.ops.norm.policy", "fwd_policy", "ks_pol_norm_fwd",
+                        lambda mod: {"t": mod.DEFAULT_TUNING}),
+              PolicyRef("kernelset.ops.norm.policy", "fwd_split_policy", "ks_pol_norm_fwd_split",
                         lambda mod: {"t": mod.DEFAULT_TUNING})],
     c_params=[("int32_t", "x_dtype"), ("int32_t", "w_dtype"),
               ("const void *", "X"), ("const void *", "R"), ("const void *", "W"), ("const void *", "B"),
@@ -129,6 +137,23 @@ NORM_FWD = Op(
   if (M == 0) return KS_OK;
   ks_pol_norm_fwd_t p;
   if (ks_pol_norm_fwd(M, N, sms, &p)) return ks_gen_policy_failed(err, errlen, "fwd_policy");
+  if (p.looped) {
+    ks_pol_norm_fwd_split_t sp;
+    if (ks_pol_norm_fwd_split(N, sms, &sp)) return ks_gen_policy_failed(err, errlen, "fwd_split_policy");
+    if (sp.split) {
+      /* the split kernel (kernelset/ops/rowsync.py): partials, then the zeroed counters, in the
+       * discard buffer, as the launcher's torch.empty ones */
+      void *part = ks_cuda_plan_scratch(plan, M * (is_rms ? 1 : 2) * sp.split_p2 * 4);
+      void *sync = ks_cuda_plan_scratch(plan, (M + 1) * 4);
+      ks_status_t s = ks_k_rowsync_zero_kernel(plan, err, errlen, (M + KS_ROWSYNC_ZERO_BLOCK) / KS_ROWSYNC_ZERO_BLOCK,
+          1, 1, 4, -1, 1, sync, KS_DT_I32, M + 1, KS_ROWSYNC_ZERO_BLOCK);
+      if (s != KS_OK) return s;
+      return ks_k_norm_fwd_split_kernel(plan, err, errlen, M * sp.split, 1, 1, sp.num_warps, -1, 0,
+          X, x_dtype, R, x_dtype, W, w_dtype, B, w_dtype, Y, x_dtype, H, x_dtype, MEAN, KS_DT_F32, RSTD, KS_DT_F32,
+          part, KS_DT_F32, sync, KS_DT_I32, M, N, sp.split, stride_x, stride_r, stride_y, stride_h, eps, offset,
+          is_rms, R != NULL, W != NULL, B != NULL, gemma_cast, RSTD != NULL, sp.chunk, sp.split_p2, 0);
+    }
+  }
   if (p.looped)
     return ks_k_norm_fwd_looped_kernel(plan, err, errlen, p.grid, 1, 1, p.num_warps, -1, 1,
         X, x_dtype, R, x_dtype, W, w_dtype, B, w_dtype, Y, x_dtype, H, x_dtype, MEAN, KS_DT_F32, RSTD, KS_DT_F32,
@@ -142,5 +167,6 @@ NORM_FWD = Op(
     cases=_norm_cases,
     python=_norm_python,
     c_args=_norm_c_args,
+    placed=_norm_placed,
     modules=("kernelset.ops.norm.launch",),
 )

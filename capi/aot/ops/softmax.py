@@ -1,11 +1,9 @@
 """softmax and log_softmax forward (temperature folded into inv_t)."""
 from __future__ import annotations
 
-import dataclasses
-
 from record import TORCH_BY_NAME, meta
 
-from .base import KernelRef, Op, PolicyRef, mod, pow2s
+from .base import KernelRef, Op, PolicyRef, align256, mod, pow2s
 
 # ---------------------------------------------------------------------------------------------
 # softmax / log_softmax forward
@@ -13,7 +11,8 @@ from .base import KernelRef, Op, PolicyRef, mod, pow2s
 def _softmax_cases(which: str) -> list[dict]:
     base = dict(temperature=1.0, log=False, sms=132)
     if which == "test":
-        return [dict(base, m=3, n=32000, dtype="bf16"),  # 32000 -> block 32768 > 16384: the looped kernel
+        return [dict(base, m=3, n=32000, dtype="bf16"),  # 32000 -> block 32768 > 16384: the split kernel
+                dict(base, m=3, n=40000, dtype="bf16", sms=2),  # 5 split programs would not fit 2 SMs: looped
                 dict(base, m=3, n=1000, dtype="fp32", log=True, temperature=0.5),
                 dict(base, m=64, n=128, dtype="fp16"),
                 # GPU checks: x 256 MB, rows kept whole, then looped over a vocabulary
@@ -38,21 +37,24 @@ def _softmax_cases(which: str) -> list[dict]:
 
 def _softmax_python(c: dict):
     launch = mod("kernelset.ops.softmax.launch")
-    # the C ABI runs the looped kernel where the package runs the split one (a zeroed sync
-    # buffer per launch, which a C plan cannot make yet): see C_TUNING
-    with launch.use(C_TUNING(launch)):
-        return _softmax_python_launch(launch, c)
-
-
-def C_TUNING(launch):
-    """The package's softmax tuning as the C ABI runs it (no split kernels)."""
-    return dataclasses.replace(launch.SoftmaxTuning(), split_chunk_fwd=0)
-
-
-def _softmax_python_launch(launch, c: dict):
     x = meta((c["m"], c["n"]), c["dtype"], (c.get("x_stride", c["n"]), 1))
     y = launch.softmax_fwd(x, c["temperature"], c["log"], TORCH_BY_NAME[c.get("out_dtype", c["dtype"])])
     return dict(X=x, Y=y)
+
+
+def _softmax_placed(c: dict, launches: list) -> dict:
+    """The split kernel's partials and counters, in the discard buffer in that order."""
+    split = [dict((p[0], p[3]) for p in ln["params"]) for ln in launches if ln["kernel"] == "_softmax_fwd_split_kernel"]
+    if not split:
+        return {}
+    part_bytes = c["m"] * 2 * split[0]["SPLIT_P2"] * 4
+    return {"~PART": ("scratch", 0), "~SYNC": ("scratch", align256(part_bytes))}
+
+
+def _rowsync_decls() -> str:
+    return ("/* kernelset.ops.rowsync.ZERO_BLOCK: counters zeroed per program of _rowsync_zero_kernel (before\n"
+            " * every split kernel: softmax_fwd, norm_fwd) */\n"
+            f"#define KS_ROWSYNC_ZERO_BLOCK {mod('kernelset.ops.rowsync').ZERO_BLOCK}")
 
 
 def _softmax_c_args(c: dict) -> list:
@@ -65,15 +67,35 @@ SOFTMAX_FWD = Op(
     launcher="kernelset.ops.softmax.launch.softmax_fwd",
     doc="softmax / log_softmax over the last dim: y = softmax(x * inv_t); inv_t = 1 / temperature in double",
     kernels=[KernelRef("kernelset.ops.softmax.kernels", "_softmax_fwd_kernel", ("N", "stride_x", "stride_y")),
-             KernelRef("kernelset.ops.softmax.kernels", "_softmax_fwd_looped_kernel", ("N", "stride_x", "stride_y"))],
+             KernelRef("kernelset.ops.softmax.kernels", "_softmax_fwd_looped_kernel", ("N", "stride_x", "stride_y")),
+             KernelRef("kernelset.ops.rowsync", "_rowsync_zero_kernel", ()),
+             KernelRef("kernelset.ops.softmax.kernels", "_softmax_fwd_split_kernel", ("N", "stride_x", "stride_y"))],
     policies=[PolicyRef("kernelset.ops.softmax.launch", "policy", "ks_pol_softmax",
-                        lambda mod: {"t": mod.SoftmaxTuning(), "max_block": mod.SoftmaxTuning().max_block_fwd})],
+                        lambda mod: {"t": mod.SoftmaxTuning(), "max_block": mod.SoftmaxTuning().max_block_fwd}),
+              PolicyRef("kernelset.ops.softmax.launch", "split_policy", "ks_pol_softmax_split",
+                        lambda mod: {"t": mod.SoftmaxTuning(), "max_block": mod.SoftmaxTuning().max_block_fwd,
+                                     "chunk": mod.SoftmaxTuning().split_chunk_fwd,
+                                     "min_block": mod.SoftmaxTuning().split_min_fwd})],
     c_params=[("int32_t", "x_dtype"), ("int32_t", "y_dtype"), ("const void *", "X"), ("void *", "Y"),
               ("int64_t", "M"), ("int64_t", "N"), ("int64_t", "stride_x"), ("int64_t", "stride_y"),
               ("double", "inv_t"), ("int", "log")],
     c_body=r"""
-  /* kernelset.ops.softmax.launch.softmax_fwd (the policy's max_block is the forward's) */
+  /* kernelset.ops.softmax.launch.softmax_fwd (the policies' max_block etc. are the forward's) */
   if (M == 0) return KS_OK;
+  ks_pol_softmax_split_t sp;
+  if (ks_pol_softmax_split(N, sms, &sp)) return ks_gen_policy_failed(err, errlen, "split_policy");
+  if (sp.split) {
+    /* the split kernel (kernelset/ops/rowsync.py): partials, then the zeroed counters, in the
+     * discard buffer, as the launcher's torch.empty ones */
+    void *part = ks_cuda_plan_scratch(plan, M * 2 * sp.split_p2 * 4);
+    void *sync = ks_cuda_plan_scratch(plan, (M + 1) * 4);
+    ks_status_t s = ks_k_rowsync_zero_kernel(plan, err, errlen, (M + KS_ROWSYNC_ZERO_BLOCK) / KS_ROWSYNC_ZERO_BLOCK, 1, 1, 4, -1, 1,
+        sync, KS_DT_I32, M + 1, KS_ROWSYNC_ZERO_BLOCK);
+    if (s != KS_OK) return s;
+    return ks_k_softmax_fwd_split_kernel(plan, err, errlen, M * sp.split, 1, 1, sp.num_warps, -1, 0,
+        X, x_dtype, Y, y_dtype, part, KS_DT_F32, sync, KS_DT_I32, M, N, sp.split, stride_x, stride_y, inv_t, log,
+        sp.chunk, sp.split_p2, 0);
+  }
   ks_pol_softmax_t p;
   if (ks_pol_softmax(M, N, sms, &p)) return ks_gen_policy_failed(err, errlen, "policy");
   if (p.looped)
@@ -86,4 +108,6 @@ SOFTMAX_FWD = Op(
     python=_softmax_python,
     c_args=_softmax_c_args,
     modules=("kernelset.ops.softmax.launch",),
+    placed=_softmax_placed,
+    c_decls=_rowsync_decls,
 )

@@ -16,9 +16,9 @@ Two ways to run the same kernel (``PHASE``, a constexpr):
   needs room for ``split`` resident programs, which every launcher checks), publishes its
   partials, adds itself to its row's arrival count with release semantics, and one thread polls
   the count with acquire loads until it reaches ``split``; after the program's barrier every
-  thread reads the (now final) partials. The counters are zeroed per launch (one small
-  ``torch.zeros``): no state survives a call, so an aborted launch or a second stream cannot
-  poison a later one. (Polling the partials themselves, with a flag in each word, was tried:
+  thread reads the (now final) partials. The counters are zeroed per launch (a small Triton
+  kernel just before, so the C ABI mirrors it as one more launch): no state survives a call, so
+  an aborted launch or a second stream cannot poison a later one. (Polling the partials themselves, with a flag in each word, was tried:
   Triton replicates a small vector over threads, each replica loads on its own, and a replica
   read before the last store while the polled copy was read after gives a stale partial.)
 - ``PHASE == 1`` then ``PHASE == 2``: two launches, statistics then output, the second reading
@@ -44,6 +44,7 @@ import triton
 import triton.language as tl
 
 from ..core import config
+from .triton_launch import FastKernel
 
 
 @triton.jit
@@ -134,6 +135,17 @@ def tree_sum(v, N: tl.constexpr):
     return tl.sum(v, axis=0)
 
 
+@triton.jit
+def _rowsync_zero_kernel(SYNC, n, BLOCK: tl.constexpr):
+    """SYNC[:n] = 0 (the ticket counter and the rows' arrival counts of one launch)."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(SYNC + i, tl.zeros([BLOCK], dtype=tl.int32), mask=i < n)
+
+
+ZERO_BLOCK = 1024
+_zero = FastKernel(_rowsync_zero_kernel)
+
+
 _two_launches: ContextVar[bool] = ContextVar("ks_rowsync_two_launches", default=False)
 
 
@@ -152,7 +164,9 @@ def launches(device: torch.device, rows: int, nslot: int, split_p2: int) -> tupl
     two-launch form in the interpreter (it runs programs one at a time) or when asked. SYNC:
     zeroed int32, the ticket counter then one arrival count per row; PART: fp32 partials."""
     part = torch.empty(rows * nslot * split_p2, dtype=torch.float32, device=device)
-    # (meta tensors record the GPU's launches: tests compile them)
+    # (meta tensors record the GPU's launches: tests compile them, the C ABI mirrors them)
     if device.type != "cpu" and not _two_launches.get() and not config.get().triton_interpret:
-        return ((0, torch.zeros(rows + 1, dtype=torch.int32, device=device), part),)
+        sync = torch.empty(rows + 1, dtype=torch.int32, device=device)
+        _zero((-(-(rows + 1) // ZERO_BLOCK),), sync, rows + 1, BLOCK=ZERO_BLOCK, num_warps=4)
+        return ((0, sync, part),)
     return ((1, None, part), (2, None, part))

@@ -64,19 +64,19 @@ def ce_fwd_policy(m: int, v: int, sms: int, need_grad: bool, t: CETuning) -> CEL
 @dataclasses.dataclass(frozen=True)
 class SplitLaunch:
     chunk: int  # logits per program
-    split: int  # programs per row
+    split: int  # programs per row; 0: no split launch
     split_p2: int  # next power of two: the partials' row pitch
     num_warps: int
 
 
-def ce_split_policy(v: int, sms: int, need_grad: bool, t: CETuning) -> SplitLaunch | None:
-    """_ce_fwd_split_kernel's launch, or None where _ce_fwd_kernel runs (no gradient: one read
-    of the logits either way; a vocabulary of one chunk)."""
+def ce_split_policy(v: int, sms: int, need_grad: bool, t: CETuning) -> SplitLaunch:
+    """_ce_fwd_split_kernel's launch; ``split == 0`` where _ce_fwd_kernel runs (no gradient: one
+    read of the logits either way; a vocabulary of one chunk)."""
     if not need_grad or t.split_chunk <= 0 or v <= t.split_chunk:
-        return None
+        return SplitLaunch(0, 0, 1, 1)
     split = -(-v // t.split_chunk)
     if split > 2 * sms:  # a row's programs must all be resident at once: two per SM always fit
-        return None
+        return SplitLaunch(0, 0, 1, 1)
     return SplitLaunch(t.split_chunk, split, 1 << max(0, (split - 1).bit_length()), t.split_warps)
 
 
@@ -88,7 +88,7 @@ def ce_rows(logits, target, loss, lse, dx, scale, ignore_index, smoothing, z_los
     sms = sm_count(logits.device)
     sx, sdx = row_stride(logits), (row_stride(dx) if dx is not None else v)
     sp = ce_split_policy(v, sms, need_grad, t)
-    if sp is not None:
+    if sp.split:
         for phase, sync, part in launches(logits.device, m, 4 if smoothing > 0.0 else 3, sp.split_p2):
             _fwd_split((m * sp.split,), logits, target, loss, lse, dx, scale, part, sync, m, v, sp.split, sx, sdx,
                        ignore_index, smoothing, z_loss, softcap or 0.0, SOFTCAP=bool(softcap), SMOOTH=smoothing > 0.0,

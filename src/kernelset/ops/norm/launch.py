@@ -58,8 +58,8 @@ def norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
     sy = row_stride(y) if out is not None else n
     sr = row_stride(residual) if residual is not None else 0
     sh = (row_stride(h) if h_out is not None else n) if h is not None else 0
-    sp = fwd_split_policy(n, sms, tuning) if p.looped else None
-    if sp is not None:
+    sp = fwd_split_policy(n, sms, tuning) if p.looped else None  # (no extra call on the decode path)
+    if sp is not None and sp.split:
         for phase, sync, part in launches(dev, m, 1 if is_rms else 2, sp.split_p2):
             _fwd_split((m * sp.split,), x, residual, weight, bias, y, h, mean, rstd, part, sync, m, n, sp.split, sx,
                        sr, sy, sh, eps, offset, IS_RMS=is_rms, HAS_RESIDUAL=residual is not None,

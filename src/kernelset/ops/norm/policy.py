@@ -34,8 +34,8 @@ class NormTuning:
     looped_programs_per_sm: int = 4
     # split forward (rows of split_min_fwd and wider, next power of two, in place of the looped
     # forward): one program per chunk of split_chunk_fwd columns, the row's programs exchange
-    # statistics (ops/rowsync.py), so x is read once at any width; 0 turns it off (the C ABI: its
-    # plans have no zeroed sync buffer yet). H100 (scripts/split_tune.py, 2026-11-25 s10):
+    # statistics (ops/rowsync.py), so x is read once at any width; 0 turns it off. H100
+    # (scripts/split_tune.py, 2026-11-25 s10):
     # 1024x262144 81.8% of copy against the looped 67.6%; at 4096x65536 the looped one wins (93.6%
     # against 82.7%: its second pass still finds the row in L2), hence the threshold
     split_chunk_fwd: int = 8192
@@ -66,7 +66,7 @@ class NormLaunch:
 @dataclasses.dataclass(frozen=True)
 class SplitLaunch:
     chunk: int  # columns per program
-    split: int  # programs per row
+    split: int  # programs per row; 0: no split launch
     split_p2: int  # next power of two: the partials' row pitch
     num_warps: int
 
@@ -93,15 +93,15 @@ def fwd_policy(m: int, n: int, sms: int, t: NormTuning) -> NormLaunch:
 
 
 @functools.lru_cache(maxsize=4096)
-def fwd_split_policy(n: int, sms: int, t: NormTuning) -> SplitLaunch | None:
-    """The split forward's launch for rows of n, or None where the block or looped forward runs.
-    Independent of the row count, like the others (batch invariance)."""
+def fwd_split_policy(n: int, sms: int, t: NormTuning) -> SplitLaunch:
+    """The split forward's launch for rows of n; ``split == 0`` where the block or looped forward
+    runs. Independent of the row count, like the others (batch invariance)."""
     if t.split_chunk_fwd <= 0 or _pow2(n) <= t.max_block_fwd or _pow2(n) < t.split_min_fwd:
-        return None
+        return SplitLaunch(0, 0, 1, 1)
     chunk = min(t.split_chunk_fwd, _pow2(n))
     split = -(-n // chunk)
     if split > 2 * sms:  # a row's programs must all be resident at once: two per SM always fit
-        return None
+        return SplitLaunch(0, 0, 1, 1)
     return SplitLaunch(chunk, split, _pow2(split), t.split_warps_fwd)
 
 

@@ -41,7 +41,7 @@ class SoftmaxTuning:
     #   looped kernel runs one program per row), so from the first looped width on;
     # - backward: 95.6% against 74.7% at 4096x131072, 94.5 / 65.7% at 1024x262144; the looped
     #   kernel wins at 32768-65536 (97.3 / 92.1%), so from 131072.
-    # The C ABI (no zeroed sync buffer) runs the looped kernels everywhere.
+    # The C ABI mirrors the forward's choice (capi/aot/ops/softmax.py).
     split_chunk_fwd: int = 8192
     split_chunk_bwd: int = 8192
     split_min_fwd: int = 0
@@ -66,24 +66,24 @@ class SoftmaxLaunch:
 @dataclasses.dataclass(frozen=True)
 class SplitLaunch:
     chunk: int  # columns per program
-    split: int  # programs per row
+    split: int  # programs per row; 0: no split launch
     split_p2: int  # next power of two: the partials' row pitch
     num_warps: int
 
 
 @functools.lru_cache(maxsize=4096)
-def split_policy(n: int, max_block: int, chunk: int, min_block: int, sms: int, t: SoftmaxTuning) -> SplitLaunch | None:
+def split_policy(n: int, max_block: int, chunk: int, min_block: int, sms: int, t: SoftmaxTuning) -> SplitLaunch:
     """The split kernels' launch for rows of n (chunk, min_block: the direction's split_chunk_*,
-    split_min_*), or None where the block or looped kernels run (independent of the row count:
-    batch invariance)."""
+    split_min_*); ``split == 0`` where the block or looped kernels run (independent of the row
+    count: batch invariance)."""
     block = 1 << max(0, (n - 1).bit_length())
     if chunk <= 0 or block <= max_block or block < min_block:
-        return None
-    chunk = min(chunk, block)
-    split = -(-n // chunk)
+        return SplitLaunch(0, 0, 1, 1)
+    width = min(chunk, block)
+    split = -(-n // width)
     if split > 2 * sms:  # a row's programs must all be resident at once: two per SM always fit
-        return None
-    return SplitLaunch(chunk, split, 1 << max(0, (split - 1).bit_length()), t.split_warps)
+        return SplitLaunch(0, 0, 1, 1)
+    return SplitLaunch(width, split, 1 << max(0, (split - 1).bit_length()), t.split_warps)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -106,7 +106,7 @@ def softmax_fwd(x: torch.Tensor, temperature: float, log: bool, out_dtype: torch
     t = active()
     sms = sm_count(x.device)
     sp = split_policy(n, t.max_block_fwd, t.split_chunk_fwd, t.split_min_fwd, sms, t)
-    if sp is not None:
+    if sp.split:
         for phase, sync, part in launches(x.device, m, 2, sp.split_p2):
             _fwd_split((m * sp.split,), x, y, part, sync, m, n, sp.split, row_stride(x), n, 1.0 / temperature, LOG=log,
                        CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PHASE=phase, num_warps=sp.num_warps,
@@ -130,7 +130,7 @@ def softmax_bwd(dy: torch.Tensor, y: torch.Tensor, temperature: float, log: bool
     t = active()
     sms = sm_count(y.device)
     sp = split_policy(n, t.max_block_bwd, t.split_chunk_bwd, t.split_min_bwd, sms, t)
-    if sp is not None:
+    if sp.split:
         for phase, sync, part in launches(y.device, m, 1, sp.split_p2):
             _bwd_split((m * sp.split,), dy, y, dx, part, sync, m, n, sp.split, row_stride(dy), row_stride(y), n,
                        1.0 / temperature, LOG=log, CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PHASE=phase,
