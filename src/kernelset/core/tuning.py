@@ -9,6 +9,16 @@ from typing import Generic, Iterator, TypeVar
 T = TypeVar("T")
 
 
+@dataclasses.dataclass(frozen=True)
+class SplitLaunch:
+    """A split kernel's launch (kernelset/ops/rowsync.py), what every family's split policy
+    returns (the C ABI translates them to one struct)."""
+    chunk: int  # columns (logits) per program
+    split: int  # programs per row; 0: no split launch
+    split_p2: int  # next power of two: the partials' row pitch
+    num_warps: int
+
+
 def hash_once(cls: type[T]) -> type[T]:
     """Class decorator for a frozen tuning dataclass: its hash is computed once per instance.
     Launch policies are ``lru_cache``d on (shape..., tuning) on every call, and a generated

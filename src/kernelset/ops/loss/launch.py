@@ -8,7 +8,7 @@ import torch
 from ...core.alloc import empty
 from ...core.arch import sm_count
 from ...core.checks import row_stride
-from ...core.tuning import TuningStack, hash_once
+from ...core.tuning import SplitLaunch, TuningStack, hash_once
 from ..rowsync import launches
 from ..triton_launch import FastKernel
 from .kernels import _ce_fwd_kernel, _ce_fwd_split_kernel, _ce_reduce_kernel, _ce_scale_kernel
@@ -59,14 +59,6 @@ def ce_fwd_policy(m: int, v: int, sms: int, need_grad: bool, t: CETuning) -> CEL
     block = min(t.block if need_grad else t.block_fwd, 1 << max(0, (v - 1).bit_length()))
     warps = min(t.num_warps if need_grad else t.num_warps_fwd, max(1, block // 256))
     return CELaunch(block, warps, min(m, t.programs_per_sm * sms) if need_grad else m)
-
-
-@dataclasses.dataclass(frozen=True)
-class SplitLaunch:
-    chunk: int  # logits per program
-    split: int  # programs per row; 0: no split launch
-    split_p2: int  # next power of two: the partials' row pitch
-    num_warps: int
 
 
 def ce_split_policy(v: int, sms: int, need_grad: bool, t: CETuning) -> SplitLaunch:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from ...core.tuning import TuningStack, hash_once
+from ...core.tuning import SplitLaunch, TuningStack, hash_once
 
 
 @hash_once
@@ -61,14 +61,6 @@ class NormLaunch:
     grid: int  # programs of the main kernel
     dwdb_grid: tuple[int, int] = (0, 0)  # looped backward: (column tiles, row groups)
     dwdb_rows_per_prog: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class SplitLaunch:
-    chunk: int  # columns per program
-    split: int  # programs per row; 0: no split launch
-    split_p2: int  # next power of two: the partials' row pitch
-    num_warps: int
 
 
 def _pow2(n: int) -> int:

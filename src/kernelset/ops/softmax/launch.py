@@ -9,7 +9,7 @@ import torch
 from ...core.alloc import empty
 from ...core.arch import sm_count
 from ...core.checks import row_stride
-from ...core.tuning import TuningStack, hash_once
+from ...core.tuning import SplitLaunch, TuningStack, hash_once
 from ..rowsync import launches
 from ..triton_launch import FastKernel
 from .kernels import (_softmax_bwd_kernel, _softmax_bwd_looped_kernel, _softmax_bwd_split_kernel, _softmax_fwd_kernel,
@@ -63,14 +63,6 @@ class SoftmaxLaunch:
     grid: int
 
 
-@dataclasses.dataclass(frozen=True)
-class SplitLaunch:
-    chunk: int  # columns per program
-    split: int  # programs per row; 0: no split launch
-    split_p2: int  # next power of two: the partials' row pitch
-    num_warps: int
-
-
 @functools.lru_cache(maxsize=4096)
 def split_policy(n: int, max_block: int, chunk: int, min_block: int, sms: int, t: SoftmaxTuning) -> SplitLaunch:
     """The split kernels' launch for rows of n (chunk, min_block: the direction's split_chunk_*,
@@ -105,8 +97,9 @@ def softmax_fwd(x: torch.Tensor, temperature: float, log: bool, out_dtype: torch
         return y
     t = active()
     sms = sm_count(x.device)
-    sp = split_policy(n, t.max_block_fwd, t.split_chunk_fwd, t.split_min_fwd, sms, t)
-    if sp.split:
+    # (rows the block kernel holds skip the split policy: sampling at decode calls this per token)
+    sp = split_policy(n, t.max_block_fwd, t.split_chunk_fwd, t.split_min_fwd, sms, t) if n > t.max_block_fwd else None
+    if sp is not None and sp.split:
         for phase, sync, part in launches(x.device, m, 2, sp.split_p2):
             _fwd_split((m * sp.split,), x, y, part, sync, m, n, sp.split, row_stride(x), n, 1.0 / temperature, LOG=log,
                        CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PHASE=phase, num_warps=sp.num_warps,
