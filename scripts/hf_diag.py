@@ -69,7 +69,7 @@ def _print_profile(name: str, p: dict) -> None:
         print(f"  {ms:8.3f} ms  x{n:<5} {key}", flush=True)
 
 
-def _cprofile(name: str, fn, top: int = 30) -> None:
+def _cprofile(name: str, fn, top: int = 30, sort: str = "tottime") -> None:
     """Host time: cProfile of one call (after a warm call), top functions by own time."""
     import cProfile
     import io
@@ -84,7 +84,7 @@ def _cprofile(name: str, fn, top: int = 30) -> None:
     host = time.perf_counter() - t0
     _sync()
     buf = io.StringIO()
-    pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(top)
+    pstats.Stats(pr, stream=buf).sort_stats(sort).print_stats(top)
     print(f"--- cProfile {name}: {host * 1e3:.1f} ms of host time under the profiler", flush=True)
     print("\n".join(buf.getvalue().splitlines()[4:top + 12]), flush=True)
 
@@ -172,14 +172,20 @@ def main(argv: list[str] | None = None) -> int:
         model = build_model(cfg8, dtype=torch.bfloat16, device=dev)
         prompt = ids[:, :128]
         res = {}
-        for name in ("unpatched", "kernelset"):
-            handle = ks.hf.kernelize(model) if name == "kernelset" else None
-            greedy(model, prompt, 4)
-            res[name] = statistics.median(greedy(model, prompt, 33)[2] for _ in range(3)) * 1e3
-            _cprofile(f"decode 32 tokens b1, {name}", lambda: greedy(model, prompt, 33), top=25)
-            if handle is not None:
-                handle.restore()
-        print(f"decode step b1: unpatched {res['unpatched']:.2f} ms, kernelset {res['kernelset']:.2f} ms", flush=True)
+        for batch in (1, 32):
+            prompt = ids[:, :128].repeat(batch, 1)
+            for name in ("unpatched", "kernelset"):
+                handle = ks.hf.kernelize(model) if name == "kernelset" else None
+                greedy(model, prompt, 4)
+                res[f"{name}_b{batch}"] = statistics.median(greedy(model, prompt, 33)[2] for _ in range(3)) * 1e3
+                _print_profile(f"decode 8 tokens b{batch}, {name} (wall and kernels per 8-token generate)",
+                               _profile(lambda: greedy(model, prompt, 9), steps=2, top=12))
+                _cprofile(f"decode 32 tokens b{batch}, {name}", lambda: greedy(model, prompt, 33), top=25,
+                          sort="cumtime")
+                if handle is not None:
+                    handle.restore()
+            print(f"decode step b{batch}: unpatched {res[f'unpatched_b{batch}']:.2f} ms, kernelset "
+                  f"{res[f'kernelset_b{batch}']:.2f} ms", flush=True)
         out["decode"] = res
         del model
         _free()

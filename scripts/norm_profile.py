@@ -1,6 +1,8 @@
 """Where the time of a norm forward+backward goes, kernel by kernel (torch.profiler, CUDA time),
 and the host cost of one decode-size rms_norm call split into its stages.
-Usage (GPU machine): python scripts/norm_profile.py [kernels] [host] [steps]"""
+``ab``: host time per call with and without the direct launch (KS_DIRECT_LAUNCH), interleaved in
+one process (the lent host's speed drifts 2x between processes), medians of 15 rounds.
+Usage (GPU machine): python scripts/norm_profile.py [kernels] [host] [steps] [ab]"""
 from __future__ import annotations
 
 import cProfile
@@ -134,6 +136,31 @@ def steps() -> None:
         pstats.Stats(pr).sort_stats("tottime").print_stats(12)
 
 
+def ab() -> None:
+    import statistics
+
+    dev = torch.device("cuda")
+    x = torch.randn(1, 4096, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(4096, device=dev, dtype=torch.bfloat16)
+    r = torch.randn(1, 4096, device=dev, dtype=torch.bfloat16)
+    g = torch.randn(1, 2 * 14336, device=dev, dtype=torch.bfloat16)
+    cases = [("ks.rms_norm 1x4096", lambda: ks.rms_norm(x, w)),
+             ("ks.fused_add_rms_norm 1x4096", lambda: ks.fused_add_rms_norm(x, r, w)),
+             ("ks.silu_and_mul 1x28672", lambda: ks.silu_and_mul(g)),
+             ("F.rms_norm 1x4096", lambda: F.rms_norm(x, (4096,), w, 1e-6))]
+    times: dict = {}
+    with torch.no_grad():
+        for _ in range(15):
+            for direct in (True, False):
+                with ks.config.override(direct_launch=direct):
+                    for label, fn in cases:
+                        times.setdefault((label, direct), []).append(timing.host_us_per_call(fn, calls=1000))
+    print(f"{'host us per eager call (median of 15 interleaved rounds)':<40} {'direct':>8} {'triton':>8}")
+    for label, _ in cases:
+        a, b = (statistics.median(times[(label, d)]) for d in (True, False))
+        print(f"  {label:<38} {a:8.2f} {b:8.2f}")
+
+
 if __name__ == "__main__":
     what = sys.argv[1:] or ["kernels", "host", "steps"]
     if "steps" in what:
@@ -142,3 +169,5 @@ if __name__ == "__main__":
         kernels()
     if "host" in what:
         host()
+    if "ab" in what:
+        ab()

@@ -126,6 +126,60 @@ def test_adamw_low_precision_dtype_rules(backend, dtype, master, device):
                 assert rel_err(x, y) <= tolerance("elementwise", dtype)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("amsgrad", [False, True], ids=["adam", "amsgrad"])
+def test_adamw_states_in_param_dtype(backend, amsgrad, device):
+    """``state_dtype=None``: bf16 params keep bf16 states, as torch.optim.AdamW does. Reference:
+    torch.optim.AdamW on fp32 copies with params and states rounded to bf16 after every step (the
+    kernel's rounding points: fp32 math, each stored value rounded once). Also within twice the bf16
+    tolerance of torch's own bf16 AdamW, which rounds op by op (2-3 roundings per state and step,
+    which at lr 1e-2 move a 37-element tensor 0.8% away from the fp32 trajectory in 3 steps)."""
+    dtype = torch.bfloat16
+    ps = _params(device, dtype)
+    ours_p = [p.clone().requires_grad_() for p in ps]
+    ref_p = [p.float().requires_grad_() for p in ps]
+    torch_p = [p.clone().requires_grad_() for p in ps]
+    kw = dict(lr=1e-2, weight_decay=0.1, amsgrad=amsgrad)
+    ours = ks.optim.AdamW(ours_p, state_dtype=None, backend=backend, **kw)
+    ref = torch.optim.AdamW(ref_p, **kw)
+    tor = torch.optim.AdamW(torch_p, **kw)
+    keys = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if amsgrad else ())
+    for step in range(3):
+        for x, y, z, g in zip(ours_p, ref_p, torch_p, _grads(ours_p)):
+            x.grad, y.grad, z.grad = g, g.float(), g.clone()
+        ours.step()
+        ref.step()
+        tor.step()
+        with torch.no_grad():
+            for y in ref_p:
+                y.copy_(y.to(dtype).float())
+                for key in keys:
+                    ref.state[y][key].copy_(ref.state[y][key].to(dtype).float())
+        for i, (x, y, z) in enumerate(zip(ours_p, ref_p, torch_p)):
+            st = ours.state[x]
+            for key in keys:
+                assert st[key].dtype == dtype, f"{key} kept in {st[key].dtype}"
+                _close(st[key].float(), ref.state[y][key], 1e-2 if key == "exp_avg" else 2e-2, f"{step}/{i} {key}")
+            assert st["step"].dtype == torch.float32
+            _close(x.float(), y, 2e-4, f"{step}/{i} param")
+            if x.numel():
+                assert rel_err(x, z) <= 2 * tolerance("elementwise", dtype), f"{step}/{i} against torch's bf16 AdamW"
+
+
+def test_state_dtype_bad_and_load(device):
+    with pytest.raises(TypeError, match="state_dtype"):
+        ks.optim.AdamW([torch.randn(4, device=device, requires_grad=True)], state_dtype=torch.int8)
+    p = torch.randn(40, device=device, dtype=torch.bfloat16, requires_grad=True)
+    q = p.detach().clone().requires_grad_()
+    src = ks.optim.AdamW([p], state_dtype=torch.float32)
+    p.grad = torch.randn_like(p)
+    src.step()
+    dst = ks.optim.AdamW([q], state_dtype=None)  # loads fp32 states into bf16 ones
+    dst.load_state_dict(src.state_dict())
+    assert dst.state[q]["exp_avg"].dtype == torch.bfloat16
+    assert torch.equal(dst.state[q]["exp_avg"], src.state[p]["exp_avg"].to(torch.bfloat16))
+
+
 def test_state_dict_round_trip_both_ways(device):
     """Save ours -> load into torch.optim.AdamW (and back), continue: identical trajectories."""
     a, b = _pair(_params(device))
@@ -426,18 +480,19 @@ def report(case, ptx, loads, stores):
 
 
 vecs = lambda dt: 8 * SIZE[dt] // 16  # 16-byte vectors per thread for 8 elements
-ptrs = ("TABLE", "CHUNKS", "P0", "G0", "LR", "SCALE", "FOUND_INF")
-for pdt, ams, master, scale in (("bf16", 0, 0, 0), ("bf16", 1, 1, 1), ("fp32", 0, 0, 0), ("fp16", 1, 0, 1),
-                                ("bf16", 0, 1, 0)):
-    sig = dict(TABLE="*i64", CHUNKS="*i32", P0=f"*{pdt}", G0=f"*{pdt}", LR="*fp32", SCALE="*fp32", FOUND_INF="*fp32",
-               lr_hi="fp32", lr_lo="fp32", b1_hi="fp32", b1_lo="fp32", b2_hi="fp32", b2_lo="fp32", w1="fp32",
-               b2="fp32", w2="fp32", eps="fp32", wd="fp32", decay="fp32")
+ptrs = ("TABLE", "CHUNKS", "P0", "G0", "S0", "LR", "SCALE", "FOUND_INF")
+for pdt, ams, master, scale, sdt in (("bf16", 0, 0, 0, "fp32"), ("bf16", 1, 1, 1, "fp32"), ("fp32", 0, 0, 0, "fp32"),
+                                     ("fp16", 1, 0, 1, "fp32"), ("bf16", 0, 1, 0, "fp32"), ("bf16", 1, 0, 0, "bf16")):
+    sig = dict(TABLE="*i64", CHUNKS="*i32", P0=f"*{pdt}", G0=f"*{pdt}", S0=f"*{sdt}", LR="*fp32", SCALE="*fp32",
+               FOUND_INF="*fp32", lr_hi="fp32", lr_lo="fp32", b1_hi="fp32", b1_lo="fp32", b2_hi="fp32", b2_lo="fp32",
+               w1="fp32", b2="fp32", w2="fp32", eps="fp32", wd="fp32", decay="fp32")
     consts = dict(ROW=ROW, BLOCK=pol.block, ITERS=pol.iters, AMSGRAD=bool(ams), MAXIMIZE=False, MASTER=bool(master),
                   LR_TENSOR=bool(scale), HAS_SCALE=bool(scale), HAS_INF=bool(scale), ALIGNED=True)
     ptx = compile_(K._adamw_fwd_kernel, sig, consts, ptrs, pol.num_warps)
-    loads = vecs(pdt) * (1 if master else 2) + 4 + 2 * ams + 2 * master  # (p or master), g, m, v, vmax
-    stores = vecs(pdt) + 4 + 2 * ams + 2 * master + vecs(pdt) * scale
-    report(f"adamw-{pdt}-ams{ams}-master{master}-scale{scale}", ptx, loads, stores)
+    states = (2 + ams) * vecs(sdt)  # m, v, vmax
+    loads = vecs(pdt) + (2 if master else vecs(pdt)) + states  # g, (master or p), states
+    stores = vecs(pdt) + states + 2 * master + vecs(pdt) * scale  # p, states, master, unscaled g
+    report(f"adamw-{pdt}-ams{ams}-master{master}-scale{scale}-states{sdt}", ptx, loads, stores)
 for gdt in ("bf16", "fp32"):
     for norm in (0, 2, 3):
         ptx = compile_(K._norm_partial_kernel, dict(TABLE="*i64", CHUNKS="*i32", G0=f"*{gdt}", PARTIAL="*fp32",
@@ -462,4 +517,4 @@ def test_kernels_compile_for_sm90():
     """Compile the AdamW variants (dtypes, amsgrad, master, grad scaling), the norm partials and
     the scale kernel for sm_90: no spills, and the full-block path moves every tensor in 16-byte
     vectors (counted per kernel); the step and finalize kernels must compile."""
-    compile_report(_AOT_SCRIPT, 13)
+    compile_report(_AOT_SCRIPT, 14)

@@ -65,6 +65,8 @@ FLAGS: tuple[Flag, ...] = (
          "Print each new dispatch decision (op, problem, chosen backend, rejections) to stderr."),
     Flag("KS_POISON_OUTPUTS", "poison_outputs", _parse_bool, False,
          "Fill every output kernelset allocates with NaN before the kernel runs (tests: unwritten elements fail)."),
+    Flag("KS_DIRECT_LAUNCH", "direct_launch", _parse_bool, True,
+         "Launch a cached Triton kernel through its C launcher with raw addresses (0: Triton's own launch path)."),
     Flag("TRITON_INTERPRET", "triton_interpret", _parse_bool, False,
          "Triton's own flag: run Triton kernels in the interpreter, on CPU tensors too (slow; used by CI)."),
 )
@@ -76,6 +78,7 @@ class Config:
     disable: frozenset[Backend]
     log_dispatch: bool
     poison_outputs: bool
+    direct_launch: bool
     triton_interpret: bool
 
 

@@ -6,15 +6,26 @@ more than the whole of ``F.rms_norm`` at decode sizes. :class:`FastKernel` does 
 of each specialization through Triton, keeps the compiled kernel under a key that captures what
 Triton specializes on (constexpr values, pointer dtypes and 16-byte alignment, ints equal to 1 or
 divisible by 16 and their width, None arguments, num_warps, device), and later launches it
-directly, as ``JITFunction.run`` does, minus the launch-hook metadata when no hook is installed.
-Installed launch hooks (profilers), the interpreter and a Triton without the expected attributes
-all take the ordinary path.
+directly.
+
+The key is computed by a small function generated once per layout of argument types (which
+slots hold a tensor, None, an int, a float ...), so a call evaluates one straight-line expression
+instead of a loop of type tests. The same function turns each tensor into its address, so the
+launch needs no ``data_ptr`` call and no ``cuPointerGetAttribute`` per tensor in Triton's
+launcher (the dispatcher has already checked that every tensor is on the kernel's CUDA device).
+Where the compiled kernel's launcher is a per-signature C function (Triton 3.6's
+``__triton_launcher``) and needs no scratch memory, it is called directly with those addresses;
+other Triton versions go through ``CompiledKernel.run`` with the tensors, as Triton does.
+``KS_DIRECT_LAUNCH=0`` turns the direct call off. Installed launch hooks (profilers), the
+interpreter and a Triton without the expected attributes all take the ordinary path.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
+
+from ..core import config
 
 try:
     from triton import knobs as _knobs
@@ -28,7 +39,7 @@ def _no_hook(hook: Any) -> bool:
 
 
 def _spec(value: Any) -> Any:
-    """What Triton specializes a non-constexpr argument on (the slow path's key; see _fast_key)."""
+    """What Triton specializes a non-constexpr argument on (the slow path's key; see _layout)."""
     if isinstance(value, torch.Tensor):
         return (value.dtype, value.data_ptr() % 16 == 0)
     if value is None:
@@ -41,30 +52,81 @@ def _spec(value: Any) -> Any:
 
 
 _Tensor = torch.Tensor
-_I32_MIN, _I32_MAX = -(2**31), 2**31
+
+
+class _Layout:
+    """The key function for one tuple of positional argument types, and the kernels cached under it.
+
+    ``keyfn(args, head)`` returns ``(key, addresses)``: the key is head + what Triton specializes
+    each argument on (a tensor: its dtype and whether its address is 16-byte aligned; an int: a code
+    of == 1, divisible by 16, fits int32; None: itself; a float: nothing beyond its type, which the
+    layout fixes; anything else, bools included: its value), and ``addresses`` is args with each
+    tensor replaced by its address.
+    """
+
+    __slots__ = ("keyfn", "cache")
+
+    def __init__(self, types: tuple[type, ...]):
+        keyfn = _keyfns.get(types)
+        if keyfn is None:
+            keyfn = _keyfns[types] = _make_keyfn(types)
+        self.keyfn = keyfn
+        self.cache: dict[tuple, tuple] = {}
+
+
+def _make_keyfn(types: tuple[type, ...]) -> Callable[[tuple, tuple], tuple[tuple, tuple]]:
+    n = len(types)
+    names = [f"a{i}" for i in range(n)]
+    pre, key, out = [], ["head"], []
+    for i, t in enumerate(types):
+        a = names[i]
+        if issubclass(t, torch.Tensor):
+            pre.append(f"p{i} = {a}.data_ptr()")
+            key += [f"{a}.dtype", f"p{i} & 15 == 0"]
+            out.append(f"p{i}")
+        elif t is type(None):
+            key.append("None")
+            out.append("None")
+        elif t is int:
+            key.append(f"({a} == 1) + 2 * ({a} & 15 == 0) + 4 * (-2147483648 <= {a} < 2147483648)")
+            out.append(a)
+        elif t is float:
+            out.append(a)
+        else:  # bool, numpy scalars ...: by value (Triton may specialize them on it)
+            key.append(a)
+            out.append(a)
+    unpack = f"    {', '.join(names)}{',' if n == 1 else ''} = args\n" if n else ""
+    src = (f"def keyfn(args, head):\n{unpack}"
+           + "".join(f"    {s}\n" for s in pre)
+           + f"    return ({', '.join(key)},), ({', '.join(out)}{',' if len(out) == 1 else ''})\n")
+    scope: dict[str, Any] = {}
+    exec(compile(src, f"<FastKernel key {types}>", "exec"), scope)  # noqa: S102 (generated from types only)
+    return scope["keyfn"]
+
+
+_keyfns: dict[tuple[type, ...], Callable[[tuple, tuple], tuple[tuple, tuple]]] = {}
 
 
 def _fast_key(head: tuple, args: tuple) -> tuple:
-    """head + what Triton specializes each positional (non-constexpr) argument on, flattened: a
-    tensor adds its dtype and whether its address is 16-byte aligned, an int a code of (== 1,
-    divisible by 16, fits int32), None itself, a float its type, anything else its type and value.
-    A parameter's kind is fixed by the kernel's signature (a pointer may be None), so the flat
-    sequence is unambiguous."""
-    key = list(head)
-    for v in args:
-        c = v.__class__
-        if c is int:
-            key.append((v == 1) + 2 * (v & 15 == 0) + 4 * (_I32_MIN <= v < _I32_MAX))
-        elif v is None:
-            key.append(None)
-        elif isinstance(v, _Tensor):
-            key.append(v.dtype)
-            key.append(v.data_ptr() & 15 == 0)
-        elif c is float:
-            key.append(float)
-        else:  # bool, numpy scalars ...: by value (Triton may specialize them on it)
-            key.append((c, v))
-    return tuple(key)
+    """The cache key of a direct launch (tests check what it separates)."""
+    return _Layout(tuple(map(type, args))).keyfn(args, head)[0]
+
+
+def _raw_launcher(kernel: Any) -> tuple | None:
+    """(C launch function, cooperative flag, PDL flag) when the compiled kernel's launcher is a
+    per-signature C function taking (grid, stream, function, coop, pdl, global scratch, profile
+    scratch, metadata, launch metadata, hooks, *args) and needs no scratch memory (Triton 3.6);
+    None otherwise (the launch then goes through ``kernel.run``)."""
+    try:
+        launcher = kernel.run
+        fn = launcher.launch
+        module = getattr(getattr(fn, "__self__", None), "__name__", "")
+        if (module != "__triton_launcher" or hasattr(launcher, "arg_annotations")
+                or launcher.global_scratch_size or launcher.profile_scratch_size):
+            return None
+        return fn, bool(launcher.launch_cooperative_grid), bool(launcher.launch_pdl)
+    except Exception:
+        return None
 
 
 class FastKernel:
@@ -80,7 +142,12 @@ class FastKernel:
         self.first_const = self.const.index(True) if True in self.const else len(self.const)
         self.const_names = frozenset(n for n, c in zip(self.names, self.const) if c)
         self.positional_only = self.direct and all(self.const[self.first_const:])
-        self.cache: dict[tuple, Any] = {}
+        self.cache: dict[tuple, Any] = {}  # generic-key launches
+        self.layouts: dict[tuple[type, ...], _Layout] = {}  # fast-key launches, per layout of argument types
+
+    def entries(self) -> int:
+        """How many specializations are cached for direct launch."""
+        return len(self.cache) + sum(len(lay.cache) for lay in self.layouts.values())
 
     def __call__(self, grid: tuple[int, ...], *args: Any, num_warps: int, num_stages: int | None = None,
                  fp_fusion: bool = True, **kwargs: Any) -> None:
@@ -95,17 +162,33 @@ class FastKernel:
             self.fn[grid](*args, **kwargs, **self._opts(num_warps, num_stages, fp_fusion))
             return
         device = args[0].get_device()
+        g1 = grid[1] if len(grid) > 1 else 1
+        g2 = grid[2] if len(grid) > 2 else 1
         if self.positional_only and len(args) == self.first_const and kwargs.keys() == self.const_names:
-            key = _fast_key((device, num_warps, num_stages, fp_fusion, *kwargs.items()), args)
-            entry = self.cache.get(key)
+            types = tuple(map(type, args))
+            lay = self.layouts.get(types)
+            if lay is None:
+                lay = self.layouts[types] = _Layout(types)
+            key, addresses = lay.keyfn(args, (device, num_warps, num_stages, fp_fusion, *kwargs.items()))
+            entry = lay.cache.get(key)
             if entry is None:
                 kernel = self.fn[grid](*args, **kwargs, **self._opts(num_warps, num_stages, fp_fusion))
                 if kernel is not None and hasattr(kernel, "packed_metadata") and not hasattr(kernel, "result"):
                     # the constexpr values are part of the key: their launcher arguments are fixed
-                    self.cache[key] = (kernel, tuple(kwargs[n] for n in self.names[self.first_const:]))
+                    tail = tuple(kwargs[n] for n in self.names[self.first_const:])
+                    lay.cache[key] = (kernel, tail, _raw_launcher(kernel))
                 return
-            kernel, tail = entry
-        elif len(args) + len(kwargs) == len(self.names) and all(n in kwargs for n in self.names[len(args):]):
+            kernel, tail, raw = entry
+            stream = torch._C._cuda_getCurrentRawStream(device)
+            if raw is not None and config.get().direct_launch:
+                launch, coop, pdl = raw
+                launch(grid[0], g1, g2, stream, kernel.function, coop, pdl, None, None, kernel.packed_metadata,
+                       None, None, None, *addresses, *tail)
+            else:
+                kernel.run(grid[0], g1, g2, stream, kernel.function, kernel.packed_metadata, None, None, None,
+                           *args, *tail)
+            return
+        if len(args) + len(kwargs) == len(self.names) and all(n in kwargs for n in self.names[len(args):]):
             full = list(args) + [kwargs[n] for n in self.names[len(args):]]
             key = (device, num_warps, num_stages, fp_fusion) + tuple(
                 v if c else _spec(v) for v, c in zip(full, self.const))
@@ -115,14 +198,11 @@ class FastKernel:
                 if kernel is not None and hasattr(kernel, "packed_metadata") and not hasattr(kernel, "result"):
                     self.cache[key] = kernel
                 return
-            args, tail = tuple(full), ()
-        else:  # a parameter left to its default: Triton binds it
-            self.fn[grid](*args, **kwargs, **self._opts(num_warps, num_stages, fp_fusion))
+            kernel.run(grid[0], g1, g2, torch._C._cuda_getCurrentRawStream(device), kernel.function,
+                       kernel.packed_metadata, None, None, None, *full)
             return
-        g1 = grid[1] if len(grid) > 1 else 1
-        g2 = grid[2] if len(grid) > 2 else 1
-        kernel.run(grid[0], g1, g2, torch._C._cuda_getCurrentRawStream(device), kernel.function,
-                   kernel.packed_metadata, None, None, None, *args, *tail)
+        # a parameter left to its default: Triton binds it
+        self.fn[grid](*args, **kwargs, **self._opts(num_warps, num_stages, fp_fusion))
 
     @staticmethod
     def _opts(num_warps: int, num_stages: int | None, fp_fusion: bool) -> dict[str, Any]:

@@ -66,7 +66,10 @@ class AdamW(torch.optim.Optimizer):
     Same hyper-parameters, same ``param_groups`` keys and per-parameter state (``step`` a float32
     scalar tensor on the parameter's device, ``exp_avg``, ``exp_avg_sq``, ``max_exp_avg_sq`` with
     ``amsgrad``), so state dicts move both ways. States are float32 whatever the parameter dtype
-    (fp32, fp16, bf16); math is fp32, params rounded once per step. ``master_weights=True`` keeps
+    (fp32, fp16, bf16) by default; ``state_dtype=None`` keeps them in each parameter's dtype, as
+    torch.optim.AdamW does (half the state memory of a bf16 model; each state is then rounded once
+    per step, where torch's op-by-op update rounds it two or three times). Math is fp32, params
+    rounded once per step. ``master_weights=True`` keeps
     an fp32 copy of each fp16/bf16 parameter in ``state["master_param"]``: the update runs on it
     and the parameter becomes its rounding. GradScaler-aware (``_step_supports_amp_scaling``):
     ``step(grad_scale=, found_inf=)`` (or GradScaler's attributes) unscale the grads in the
@@ -83,7 +86,8 @@ class AdamW(torch.optim.Optimizer):
                  betas: tuple[float | torch.Tensor, float | torch.Tensor] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False,
                  foreach: bool | None = None, capturable: bool = False, differentiable: bool = False,
-                 fused: bool | None = None, master_weights: bool = False, backend: Backend | str = AUTO) -> None:
+                 fused: bool | None = None, master_weights: bool = False,
+                 state_dtype: torch.dtype | None = torch.float32, backend: Backend | str = AUTO) -> None:
         if isinstance(lr, torch.Tensor):
             if lr.numel() != 1:
                 raise ArgumentError("AdamW", "lr", "a float or a 1-element tensor",
@@ -107,6 +111,10 @@ class AdamW(torch.optim.Optimizer):
                                 "autograd; use torch.optim.AdamW(differentiable=True))", True)
         if fused and foreach:
             raise ArgumentError("AdamW", "fused", "not True together with foreach=True", "both True")
+        if state_dtype is not None and state_dtype not in FLOAT_DTYPES:
+            raise ArgumentTypeError("AdamW", "state_dtype", "torch.float32, torch.bfloat16, torch.float16 or None "
+                                    "(the parameter's dtype)", repr(state_dtype))
+        self.state_dtype = state_dtype
         self.master_weights = bool(master_weights)
         self.backend = _parse_backend(backend)
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=bool(amsgrad),
@@ -122,6 +130,7 @@ class AdamW(torch.optim.Optimizer):
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self.__dict__.setdefault("master_weights", False)
+        self.__dict__.setdefault("state_dtype", torch.float32)
         self.__dict__.setdefault("backend", AUTO)
         for group in self.param_groups:
             for key, value in (("amsgrad", False), ("maximize", False), ("foreach", None), ("capturable", False),
@@ -129,7 +138,7 @@ class AdamW(torch.optim.Optimizer):
                 group.setdefault(key, value)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """torch's loader, then states re-cast to float32 (torch casts them to the param dtype) and
+        """torch's loader, then states re-cast to the state dtype (torch casts them to the param dtype) and
         ``step`` made a float32 scalar on the param's device, from the saved values (copies)."""
         saved = state_dict["state"]
         super().load_state_dict(state_dict)
@@ -144,26 +153,33 @@ class AdamW(torch.optim.Optimizer):
                     continue
                 if key == "step":
                     st[key] = value.detach().to(device=p.device, dtype=torch.float32, copy=True).reshape(())
-                elif key in _STATES:
+                elif key == "master_param":
                     st[key] = value.detach().to(device=p.device, dtype=torch.float32, copy=True)
+                elif key in _STATES:
+                    st[key] = value.detach().to(device=p.device, dtype=self._state_dtype(p), copy=True)
+
+    def _state_dtype(self, p: torch.Tensor) -> torch.dtype:
+        return self.state_dtype if self.state_dtype is not None else p.dtype
 
     def _state(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, Any]:
-        """The parameter's state, created on first use (zeros, step 0) and kept float32 on its device."""
+        """The parameter's state, created on first use (zeros, step 0) and kept in the state dtype
+        on its device."""
         st = self.state[p]
+        sdt = self._state_dtype(p)
         if len(st) == 0:
             st["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-            st["exp_avg"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
-            st["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+            st["exp_avg"] = torch.zeros_like(p, dtype=sdt, memory_format=torch.preserve_format)
+            st["exp_avg_sq"] = torch.zeros_like(p, dtype=sdt, memory_format=torch.preserve_format)
         step = st["step"]
         if not isinstance(step, torch.Tensor) or step.dtype != torch.float32 or step.device != p.device \
                 or step.dim() != 0:
             st["step"] = torch.as_tensor(step).to(device=p.device, dtype=torch.float32).reshape(())
-        for key in ("exp_avg", "exp_avg_sq"):
-            t = st[key]
-            if t.dtype != torch.float32 or t.device != p.device:
-                st[key] = t.to(device=p.device, dtype=torch.float32)
+        for key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
+            t = st.get(key)
+            if t is not None and (t.dtype != sdt or t.device != p.device):
+                st[key] = t.to(device=p.device, dtype=sdt)
         if group["amsgrad"] and "max_exp_avg_sq" not in st:
-            st["max_exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+            st["max_exp_avg_sq"] = torch.zeros_like(p, dtype=sdt, memory_format=torch.preserve_format)
         if self.master_weights and p.dtype != torch.float32 and "master_param" not in st:
             st["master_param"] = p.detach().to(torch.float32, memory_format=torch.preserve_format, copy=True)
         return st

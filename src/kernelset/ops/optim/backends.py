@@ -56,15 +56,25 @@ def _devices(ts) -> int:
 
 def _adamw_key(params, grads, exp_avgs=None, exp_avg_sqs=None, max_exp_avg_sqs=None, masters=None):
     return (params[0].device if params else None, _dtypes(params), _dtypes(grads), _devices(params),
-            _same_layout(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters))
+            _same_layout(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters),
+            _dtypes(exp_avgs or ()), _states_agree(exp_avgs, exp_avg_sqs, max_exp_avg_sqs))
+
+
+def _states_agree(exp_avgs, exp_avg_sqs, max_exp_avg_sqs) -> bool:
+    """Each tensor's exp_avg, exp_avg_sq and max_exp_avg_sq share one dtype (one pointer type)."""
+    for ts in (exp_avg_sqs, max_exp_avg_sqs):
+        if exp_avgs and ts and any(a.dtype != b.dtype for a, b in zip(exp_avgs, ts)):
+            return False
+    return True
 
 
 def _adamw_problem(params, grads, exp_avgs=None, exp_avg_sqs=None, max_exp_avg_sqs=None, masters=None):
-    device, p_dt, g_dt, ndev, layout = _adamw_key(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters)
+    device, p_dt, g_dt, ndev, layout, s_dt, agree = _adamw_key(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
+                                                        masters)
     device = device if device is not None else torch.device("cpu")
     total = sum(p.numel() for p in params)
-    attrs = {"tensors": len(params), "param_dtypes": p_dt, "grad_dtypes": g_dt, "devices": ndev, "layout_ok": layout,
-             "master": bool(masters)}
+    attrs = {"tensors": len(params), "param_dtypes": p_dt, "grad_dtypes": g_dt, "state_dtypes": s_dt, "states_agree": agree,
+             "devices": ndev, "layout_ok": layout, "master": bool(masters)}
     return Problem("adamw", device, p_dt[0] if p_dt else torch.float32, (total,), device_arch(device), attrs)
 
 
@@ -94,7 +104,10 @@ def _common(p: Problem, what: str, dtypes: tuple) -> str | None:
 
 
 def _t_adamw_supports(p: Problem) -> str | None:
-    return _common(p, "params", p["param_dtypes"] + p["grad_dtypes"])
+    reason = _common(p, "params", p["param_dtypes"] + p["grad_dtypes"] + p["state_dtypes"])
+    if reason is None and not p["states_agree"]:
+        return "a tensor's exp_avg, exp_avg_sq and max_exp_avg_sq differ in dtype (the kernel types them alike)"
+    return reason
 
 
 def _t_clip_supports(p: Problem) -> str | None:

@@ -4,8 +4,9 @@ Every kernel walks a *table* (int64, ``ROW`` columns per tensor: numel, then the
 param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, master, step) through a *chunk map* (int32
 pairs: table row, chunk index within that tensor), so one launch updates any number of tensors
 of one dtype combination. Addresses are cast back to typed pointers in the kernel; the element
-types of param and grad come from the prototype arguments ``P0`` / ``G0`` (any tensor of that
-dtype), states and masters are fp32. ``ALIGNED`` promises 16-byte aligned bases (the launcher
+types of param, grad and the moment states come from the prototype arguments ``P0`` / ``G0`` /
+``S0`` (any tensor of that dtype: states are fp32 by default, or the param dtype as torch keeps
+them); masters are fp32. Math is fp32 whatever the storage; a state is rounded once, when stored. ``ALIGNED`` promises 16-byte aligned bases (the launcher
 checks), which is what lets the compiler emit 16-byte vector accesses on full blocks; the last,
 partial block of each tensor takes a masked path.
 
@@ -50,16 +51,16 @@ def _adamw_block(offs, mask, p_ptr, g_ptr, m_ptr, v_ptr, vmax_ptr, w_ptr, step_s
                  HAS_SCALE: tl.constexpr, MASKED: tl.constexpr):
     if MASKED:
         g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        m = tl.load(m_ptr + offs, mask=mask, other=0.0)
-        v = tl.load(v_ptr + offs, mask=mask, other=0.0)
+        m = tl.load(m_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         if MASTER:
             p = tl.load(w_ptr + offs, mask=mask, other=0.0)
         else:
             p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     else:
         g = tl.load(g_ptr + offs, eviction_policy="evict_first").to(tl.float32)
-        m = tl.load(m_ptr + offs, eviction_policy="evict_first")
-        v = tl.load(v_ptr + offs, eviction_policy="evict_first")
+        m = tl.load(m_ptr + offs, eviction_policy="evict_first").to(tl.float32)
+        v = tl.load(v_ptr + offs, eviction_policy="evict_first").to(tl.float32)
         if MASTER:
             p = tl.load(w_ptr + offs, eviction_policy="evict_first")
         else:
@@ -79,31 +80,31 @@ def _adamw_block(offs, mask, p_ptr, g_ptr, m_ptr, v_ptr, vmax_ptr, w_ptr, step_s
     v = v * b2 + w2 * (g * g)  # w2 = 1 - b2 from the host's double math, as torch
     if AMSGRAD:
         if MASKED:
-            vm = tl.maximum(tl.load(vmax_ptr + offs, mask=mask, other=0.0), v)
-            tl.store(vmax_ptr + offs, vm, mask=mask)
+            vm = tl.maximum(tl.load(vmax_ptr + offs, mask=mask, other=0.0).to(tl.float32), v)
+            tl.store(vmax_ptr + offs, vm.to(vmax_ptr.dtype.element_ty), mask=mask)
         else:
-            vm = tl.maximum(tl.load(vmax_ptr + offs, eviction_policy="evict_first"), v)
-            tl.store(vmax_ptr + offs, vm)
+            vm = tl.maximum(tl.load(vmax_ptr + offs, eviction_policy="evict_first").to(tl.float32), v)
+            tl.store(vmax_ptr + offs, vm.to(vmax_ptr.dtype.element_ty))
         denom = tl.div_rn(tl.sqrt_rn(vm), bc2_sqrt) + eps
     else:
         denom = tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps
     p = p - step_size * tl.div_rn(m, denom)
     if MASKED:
-        tl.store(m_ptr + offs, m, mask=mask)
-        tl.store(v_ptr + offs, v, mask=mask)
+        tl.store(m_ptr + offs, m.to(m_ptr.dtype.element_ty), mask=mask)
+        tl.store(v_ptr + offs, v.to(v_ptr.dtype.element_ty), mask=mask)
         if MASTER:
             tl.store(w_ptr + offs, p, mask=mask)
         tl.store(p_ptr + offs, p.to(p_ptr.dtype.element_ty), mask=mask)
     else:
-        tl.store(m_ptr + offs, m)
-        tl.store(v_ptr + offs, v)
+        tl.store(m_ptr + offs, m.to(m_ptr.dtype.element_ty))
+        tl.store(v_ptr + offs, v.to(v_ptr.dtype.element_ty))
         if MASTER:
             tl.store(w_ptr + offs, p)
         tl.store(p_ptr + offs, p.to(p_ptr.dtype.element_ty))
 
 
 @triton.jit
-def _adamw_fwd_kernel(TABLE, CHUNKS, P0, G0, LR, SCALE, FOUND_INF, lr_hi, lr_lo, b1_hi, b1_lo, b2_hi, b2_lo, w1, b2,
+def _adamw_fwd_kernel(TABLE, CHUNKS, P0, G0, S0, LR, SCALE, FOUND_INF, lr_hi, lr_lo, b1_hi, b1_lo, b2_hi, b2_lo, w1, b2,
                       w2, eps, wd, decay, ROW: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr,
                       AMSGRAD: tl.constexpr, MAXIMIZE: tl.constexpr, MASTER: tl.constexpr, LR_TENSOR: tl.constexpr,
                       HAS_SCALE: tl.constexpr, HAS_INF: tl.constexpr, ALIGNED: tl.constexpr):
@@ -120,12 +121,12 @@ def _adamw_fwd_kernel(TABLE, CHUNKS, P0, G0, LR, SCALE, FOUND_INF, lr_hi, lr_lo,
         numel = tl.load(row + 0)
         p_ptr = _ptr(row, 1, P0.dtype, ALIGNED)
         g_ptr = _ptr(row, 2, G0.dtype, ALIGNED)
-        m_ptr = _ptr(row, 3, tl.pointer_type(tl.float32), ALIGNED)
-        v_ptr = _ptr(row, 4, tl.pointer_type(tl.float32), ALIGNED)
+        m_ptr = _ptr(row, 3, S0.dtype, ALIGNED)
+        v_ptr = _ptr(row, 4, S0.dtype, ALIGNED)
         vmax_ptr = m_ptr
         if AMSGRAD:
-            vmax_ptr = _ptr(row, 5, tl.pointer_type(tl.float32), ALIGNED)
-        w_ptr = m_ptr
+            vmax_ptr = _ptr(row, 5, S0.dtype, ALIGNED)
+        w_ptr = _ptr(row, 3, tl.pointer_type(tl.float32), ALIGNED)  # (unused without MASTER)
         if MASTER:
             w_ptr = _ptr(row, 6, tl.pointer_type(tl.float32), ALIGNED)
         step = tl.load(tl.load(row + 7).to(tl.pointer_type(tl.float32))) + 1.0

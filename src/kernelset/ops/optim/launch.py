@@ -3,7 +3,7 @@
 A *plan* is what one launch needs beyond scalars: a device table with one row per tensor
 (numel and the addresses of param, grad, states, master and step; see kernels.py) and a chunk
 map (table row, chunk index) with one entry per program. Tensors are split into *buckets* by
-(param dtype, grad dtype, 16-byte alignment), one launch each. Plans are cached in two levels:
+(param dtype, grad dtype, state dtype, 16-byte alignment), one launch each. Plans are cached in two levels:
 the *layout* (buckets, chunk maps: the costly part, ~6 ms of host time for 146 tensors) by the
 sizes, dtypes, alignments and the addresses of everything but the grads; the tables by the exact
 addresses. ``zero_grad(set_to_none=True)`` (torch's default) gives fresh grads every step, which
@@ -96,13 +96,13 @@ def _chunk_map(numels: list[int], chunk: int) -> torch.Tensor:
     return torch.stack([rows, torch.arange(rows.numel()) - firsts], dim=1).to(torch.int32)
 
 
-def _layout(cols: Sequence[Sequence[int]], numels: list[int], p_dt: list[torch.dtype], g_dt: list[torch.dtype],
+def _layout(cols: Sequence[Sequence[int]], numels: list[int], dts: Sequence[Sequence[torch.dtype | None]],
             device: torch.device, chunk: int) -> _Layout:
     groups: dict[tuple, list[int]] = {}
     for i in range(len(numels)):  # empty tensors keep a row (their step still counts), no chunk
         aligned = all(c[i] % 16 == 0 for c in cols if c[i] != 0)
-        groups.setdefault((p_dt[i], g_dt[i], aligned), []).append(i)
-    return _Layout(tuple(tuple(idx) for idx in groups.values()), tuple(k[2] for k in groups),
+        groups.setdefault((aligned,) + tuple(d[i] for d in dts), []).append(i)
+    return _Layout(tuple(tuple(idx) for idx in groups.values()), tuple(k[0] for k in groups),
                    tuple(_to_device(_chunk_map([numels[i] for i in idx], chunk), device) for idx in groups.values()))
 
 
@@ -135,10 +135,11 @@ def plan(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], exp_avgs
     cols = [_addresses(params, n), gcol, _addresses(exp_avgs, n), _addresses(exp_avg_sqs, n),
             _addresses(max_exp_avg_sqs, n), _addresses(masters, n), _addresses(steps, n)]
     numels = [p.numel() for p in params]
-    p_dt = [p.dtype for p in params]
-    g_dt = [g.dtype for g in grads]
+    dts = ([p.dtype for p in params], [g.dtype for g in grads],
+           [m.dtype for m in exp_avgs] if exp_avgs else [None] * n)  # a bucket's dtypes type its pointers
     device = params[0].device
-    fixed = (device, chunk, tuple(numels), tuple(p_dt), tuple(g_dt)) + tuple(tuple(c) for c in cols if c is not gcol)
+    fixed = (device, chunk, tuple(numels)) + tuple(tuple(d) for d in dts) + tuple(
+        tuple(c) for c in cols if c is not gcol)
     key = fixed + (tuple(gcol),)
     buckets = _plans.get(key)
     if buckets is not None:
@@ -147,7 +148,7 @@ def plan(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], exp_avgs
     lkey = fixed + (tuple(a % 16 == 0 for a in gcol),)  # a grad's alignment picks its bucket
     lay = _layouts.get(lkey)
     if lay is None:
-        lay = _layout(cols, numels, p_dt, g_dt, device, chunk)
+        lay = _layout(cols, numels, dts, device, chunk)
         _remember(_layouts, lkey, lay)
     else:
         _layouts.move_to_end(lkey)
@@ -178,7 +179,7 @@ def adamw(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps,
     dummy = steps[0]
     for b in buckets:
         if b.chunks:
-            _adamw((b.chunks,), b.table, b.chunk_map, params[b.first], grads[b.first],
+            _adamw((b.chunks,), b.table, b.chunk_map, params[b.first], grads[b.first], exp_avgs[b.first],
                    lr_tensor if lr_tensor is not None else dummy, grad_scale if grad_scale is not None else dummy,
                    found_inf if found_inf is not None else dummy, lr_hi, lr_lo, b1_hi, b1_lo, b2_hi, b2_lo,
                    1.0 - beta1, beta2, 1.0 - beta2, eps, weight_decay, decay, ROW=ROW, BLOCK=pol.block, ITERS=pol.iters,

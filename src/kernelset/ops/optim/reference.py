@@ -1,8 +1,9 @@
 """fp32 references of the optimizer family. Plain torch ops: any device, no host sync.
 
 The reference takes the same lists as the kernels and updates them in place with the same
-rounding points (states and masters fp32, params rounded once to their dtype, bias corrections
-in fp64 from the step tensors), tensor by tensor. A found_inf != 0 keeps every value through
+rounding points (fp32 math, states rounded once to their storage dtype when stored, masters
+fp32, params rounded once to their dtype, bias corrections in fp64 from the step tensors), tensor
+by tensor. A found_inf != 0 keeps every value through
 ``torch.where`` instead of a host-side branch, so the reference is CUDA-graph safe too.
 """
 from __future__ import annotations
@@ -39,18 +40,18 @@ def adamw(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps,
             decay = 1.0 - lr * weight_decay  # a Python scalar: rounded to fp32 by the op, no copy
         src = masters[i] if masters else p.float()
         new_p = src * decay
-        m = exp_avgs[i].lerp(g, 1.0 - beta1)
-        v = exp_avg_sqs[i] * beta2 + (1.0 - beta2) * (g * g)
+        m = exp_avgs[i].float().lerp(g, 1.0 - beta1)
+        v = exp_avg_sqs[i].float() * beta2 + (1.0 - beta2) * (g * g)
         if amsgrad:
-            vm = torch.maximum(max_exp_avg_sqs[i], v)
-            max_exp_avg_sqs[i].copy_(_keep(found_inf, max_exp_avg_sqs[i], vm))
+            vm = torch.maximum(max_exp_avg_sqs[i].float(), v)
+            max_exp_avg_sqs[i].copy_(_keep(found_inf, max_exp_avg_sqs[i], vm.to(max_exp_avg_sqs[i].dtype)))
             v_used = vm
         else:
             v_used = v
         denom = v_used.sqrt() / bc2_sqrt + eps
         new_p = new_p - step_size * (m / denom)
-        exp_avgs[i].copy_(_keep(found_inf, exp_avgs[i], m))
-        exp_avg_sqs[i].copy_(_keep(found_inf, exp_avg_sqs[i], v))
+        exp_avgs[i].copy_(_keep(found_inf, exp_avgs[i], m.to(exp_avgs[i].dtype)))
+        exp_avg_sqs[i].copy_(_keep(found_inf, exp_avg_sqs[i], v.to(exp_avg_sqs[i].dtype)))
         if masters:
             masters[i].copy_(_keep(found_inf, masters[i], new_p))
         p.copy_(_keep(found_inf, p, new_p.to(p.dtype)))
