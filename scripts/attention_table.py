@@ -10,9 +10,14 @@ on one (batch, KV head) slice (a wrong implementation gets no row position), and
 implementations fastest first. mode "fwd": no LSE, no gradient (SDPA's backends compete);
 "fwd+lse": return_lse=True (the forward of a training step whose backward is ours); "train": the
 fwd+bwd step with q, k, v requiring grad and no LSE asked (SDPA's backends run their own backward,
-the others our op's forward and backward), timed from the forward to the last gradient. Rows of other archs already
-in the table are kept; rows of this arch are replaced. The device, date and versions go into
-``measured_on``.
+the others our op's forward and backward), timed from the forward to the last gradient. Shape class
+"decode" (mode "fwd" only): one query token against a KV cache that grows by one token per call, as
+a decode step calls it (GQA 32/8, cache in HF's [B, Hkv, L, D] layout), timed as wall time per call
+over calls in a row (host included: a backend that builds a plan per KV length pays at every step).
+Rows of other archs already in the table are kept; rows of this arch, of the measured modes and
+classes, are replaced. The device, date and versions go into ``measured_on``.
+
+    python scripts/attention_table.py --classes decode --modes fwd   # the decode rows only
 """
 from __future__ import annotations
 
@@ -39,6 +44,7 @@ TABLE_PATH = pathlib.Path(BK.__file__).with_name("dispatch_table.py")
 CLASSES = {"short": (32, 1024), "medium": (8, 4096), "long": (2, 16384)}
 DIMS = ((64, 64), (128, 128), (256, 256), (192, 128), (80, 80), (96, 96))
 HEADS = 32
+DECODE = (16, 2048, 32, 8)  # batch, first KV length, q heads, KV heads of the decode rows
 
 
 def _check(out, lse, q, k, v, causal, dtype):
@@ -95,6 +101,51 @@ def measure(dtype, d, dv, causal, mode, cls, device):
     return (b, s, HEADS, HEADS, d, dv), times, notes
 
 
+def measure_decode(dtype, d, dv, causal, device, calls: int = 32, rounds: int = 3):
+    import statistics
+    import time
+    b, sk0, hq, hkv = DECODE
+    maxlen = sk0 + calls * (rounds + 3)
+    q = torch.randn(b, 1, hq, d, device=device, dtype=dtype)
+    kc = torch.randn(b, hkv, maxlen, d, device=device, dtype=dtype)
+    vc = torch.randn(b, hkv, maxlen, dv, device=device, dtype=dtype)
+    at = [sk0]
+    times, notes = {}, {}
+    for impl in registry.impls("flash_attention"):
+        name = str(impl.backend)
+        if name == "reference":
+            continue
+
+        def call(i, name=name):
+            sk = at[0] + i
+            return ks.flash_attention(q, kc[:, :, :sk].transpose(1, 2), vc[:, :, :sk].transpose(1, 2),
+                                      causal=causal, backend=name)
+        try:
+            out = call(0)
+        except ks.UnsupportedError as exc:
+            notes[name] = exc.reason[:120]
+            continue
+        except Exception as exc:
+            notes[name] = f"{type(exc).__name__}: {str(exc)[:120]}"
+            continue
+        sk = at[0]
+        if not _check(out, None, q, kc[:, :, :sk].transpose(1, 2), vc[:, :, :sk].transpose(1, 2), causal, dtype):
+            notes[name] = "WRONG result: not ranked"
+            continue
+        n = 2 if name == "sdpa_cudnn" else calls  # tens of ms per call there (a plan per KV length)
+        per = []
+        for _ in range(rounds):
+            at[0] += calls
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for i in range(n):
+                call(i)
+            torch.cuda.synchronize()
+            per.append((time.perf_counter() - t0) / n * 1e3)
+        times[name] = statistics.median(per)
+    return (b, sk0, hq, hkv, d, dv), times, notes
+
+
 def tune(device):
     """Sweep the Triton tiles at B8 S4096 H32 D128 causal (forward here; backward through
     flash_bwd_tune.py); print the best."""
@@ -129,6 +180,8 @@ def main() -> int:
     ap.add_argument("--dtypes", default="bfloat16,float16")
     ap.add_argument("--quick", action="store_true", help="head dims 64/128 and bf16 only")
     ap.add_argument("--modes", default="fwd,fwd+lse,train", help="modes to measure (rows of other modes are kept)")
+    ap.add_argument("--classes", default="short,medium,long,decode",
+                    help="shape classes to measure (rows of other classes are kept)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -143,8 +196,13 @@ def main() -> int:
         for d, dv in dims:
             for causal in (True, False):
                 for mode in args.modes.split(","):
-                    for cls in CLASSES:
-                        shape, times, notes = measure(dtype, d, dv, causal, mode, cls, device)
+                    for cls in args.classes.split(","):
+                        if cls == "decode":
+                            if mode != "fwd":
+                                continue
+                            shape, times, notes = measure_decode(dtype, d, dv, causal, device)
+                        else:
+                            shape, times, notes = measure(dtype, d, dv, causal, mode, cls, device)
                         order = sorted(times, key=times.get)
                         dims_s = str(d) if d == dv else f"{d}/{dv}"
                         dt = str(dtype).replace("torch.", "")
@@ -171,10 +229,14 @@ def main() -> int:
                torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda,
                cudnn=torch.backends.cudnn.version(), flash_attn=fa)
     old = dispatch_table.TABLE
-    table = {"format": 1,
-             "measured_on": [m for m in old.get("measured_on", []) if m.get("arch") != arch] + [env],
-             "rows": [r for r in old.get("rows", []) if not (r["arch"] == arch and r["mode"] in args.modes.split(","))
-                      ] + rows}
+    kept = [r for r in old.get("rows", []) if not (r["arch"] == arch and r["mode"] in args.modes.split(",")
+                                                   and r["shape_class"] in args.classes.split(","))]
+    env["modes"], env["classes"] = args.modes.split(","), args.classes.split(",")
+    # an earlier run of this arch stays listed while rows it measured remain
+    earlier = [m for m in old.get("measured_on", []) if m.get("arch") != arch or any(
+        r["arch"] == arch and r["mode"] in m.get("modes", [r["mode"]])
+        and r["shape_class"] in m.get("classes", [r["shape_class"]]) for r in kept)]
+    table = {"format": 1, "measured_on": earlier + [env], "rows": kept + rows}
     text = TABLE_PATH.read_text()
     head = text[: text.index("TABLE = ")]
     head = head.replace("Empty until the lead runs the script on the GPU machine (no row is guessed).\n", "")

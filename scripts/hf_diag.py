@@ -69,6 +69,32 @@ def _print_profile(name: str, p: dict) -> None:
         print(f"  {ms:8.3f} ms  x{n:<5} {key}", flush=True)
 
 
+def _syncs(name: str, fn) -> None:
+    """The synchronizing CUDA calls one call of ``fn`` makes (torch's sync debug mode), where from:
+    a sync inside a step serializes the host's enqueueing with the kernels."""
+    import warnings
+
+    import torch
+    fn()
+    _sync()
+    seen: dict[str, int] = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    for w in caught:
+        if "synchroniz" not in str(w.message):
+            continue
+        where = f"{w.filename}:{w.lineno}"
+        seen[where] = seen.get(where, 0) + 1
+    print(f"--- synchronizing calls in one {name}: {sum(seen.values())}", flush=True)
+    for where, n in sorted(seen.items(), key=lambda kv: -kv[1])[:15]:
+        print(f"  x{n:<4} {where}", flush=True)
+
+
 def _cprofile(name: str, fn, top: int = 30, sort: str = "tottime") -> None:
     """Host time: cProfile of one call (after a warm call), top functions by own time."""
     import cProfile
@@ -180,8 +206,11 @@ def main(argv: list[str] | None = None) -> int:
                 res[f"{name}_b{batch}"] = statistics.median(greedy(model, prompt, 33)[2] for _ in range(3)) * 1e3
                 _print_profile(f"decode 8 tokens b{batch}, {name} (wall and kernels per 8-token generate)",
                                _profile(lambda: greedy(model, prompt, 9), steps=2, top=12))
-                _cprofile(f"decode 32 tokens b{batch}, {name}", lambda: greedy(model, prompt, 33), top=25,
+                _cprofile(f"decode 32 tokens b{batch}, {name}", lambda: greedy(model, prompt, 33), top=40,
                           sort="cumtime")
+                _cprofile(f"decode 32 tokens b{batch}, {name}", lambda: greedy(model, prompt, 33), top=30)
+                if handle is not None:
+                    print(f"counts {dict(handle.counts)}", flush=True)
                 if handle is not None:
                     handle.restore()
             print(f"decode step b{batch}: unpatched {res[f'unpatched_b{batch}']:.2f} ms, kernelset "
@@ -223,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             _print_profile(f"train step 1B seq {args.seq}, {name}", prof)
             out["train"][name] = prof
             _cprofile(f"train step, {name}", step)
+            _syncs(f"train step, {name}", step)
             if handle is not None:
                 print(handle.report(), flush=True)
                 handle.restore()

@@ -76,6 +76,29 @@ def test_unchecked_out_of_range_id_is_never_read(device):
     assert y[1].isnan().all() and torch.equal(y[[0, 2]], w[[2, 3]])
 
 
+def test_unchecked_out_of_range_id_is_never_written_by_the_backward(device):
+    """The backward of an unchecked lookup gives in-range ids their summed rows and writes nothing
+    for an id outside [0, V) (a guard value past the gradient's end stays untouched)."""
+    buf = torch.full((11, 8), 7.0, device=device)
+    w = buf[:10].clone().requires_grad_()
+    ids = torch.tensor([2, 10, 3, 2, -1], device=device)
+    y = ks.embedding(ids, w, check_ids=False, backend="triton")
+    dy = torch.randn_like(y)
+    (dw,) = torch.autograd.grad(y, (w,), dy)
+    want = torch.zeros(10, 8, device=device)
+    want[2] = dy[0] + dy[3]
+    want[3] = dy[2]
+    torch.testing.assert_close(dw, want)
+    # the kernel itself, into a gradient with guard rows on both sides
+    from kernelset.ops.embedding import launch as EL
+    guard = torch.full((12, 8), 7.0, device=device)
+    sorted_ids, order = torch.sort(ids.long(), stable=True)
+    EL._bwd((ids.numel(), 1), sorted_ids, order, dy.contiguous(), guard[1:11], ids.numel(), 8, 10, 8, BLOCK_D=8,
+            num_warps=1)
+    assert (guard[0] == 7.0).all() and (guard[11] == 7.0).all(), "an out-of-range id was written"
+    torch.testing.assert_close(guard[3], want[2])  # row 2 of the gradient (stored, not added)
+
+
 @pytest.mark.parametrize("ids,weight,match", [
     (torch.tensor([0.0]), torch.randn(4, 2), "ids"),
     (torch.tensor([0]), torch.randn(4), "weight"),
@@ -107,7 +130,7 @@ from triton.compiler import ASTSource
 from kernelset.ops.embedding import kernels as K
 out = []
 f_sig = dict(IDS="*i64", W="*bf16", Y="*bf16", M="i32", V="i32", D="i32", stride_w="i32")
-b_sig = dict(SORTED="*i64", ORDER="*i64", DY="*bf16", DW="*bf16", M="i32", D="i32", stride_dw="i32")
+b_sig = dict(SORTED="*i64", ORDER="*i64", DY="*bf16", DW="*bf16", M="i32", D="i32", V="i32", stride_dw="i32")
 for name, fn, sig, consts, warps in (("fwd", K._embedding_fwd_kernel, f_sig, dict(BLOCK_M=2, BLOCK_D=1024), 4),
                                      ("bwd", K._embedding_bwd_kernel, b_sig, dict(BLOCK_D=2048), 4)):
     attrs = {(k,): [["tt.divisibility", 16]] for k, (n, ty) in enumerate(sig.items())

@@ -541,6 +541,43 @@ def test_gpu_candidates_agree_with_reference(backend):
     _close(out, _ref(q.float(), k.float(), v.float(), causal=True)[0], torch.bfloat16, False, backend)
 
 
+def test_decode_shape_class_and_auto_skips_cudnn(device):
+    """A few query tokens against a longer KV sequence is the "decode" class (its own table rows);
+    AUTO never picks cuDNN there (a plan per KV length), and explain says why."""
+    assert BK.shape_class(4096, 1) == "decode" and BK.shape_class(17, 16) == "decode"
+    assert BK.shape_class(16, 16) == "short" and BK.shape_class(4096, 17) == "medium"
+    q = torch.randn(2, 1, 4, 32, device=device)
+    k, v = torch.randn(2, 40, 2, 32, device=device), torch.randn(2, 40, 2, 32, device=device)
+    exp = ks.explain("flash_attention", q, k, v, verbose=False)
+    assert exp.problem["shape_class"] == "decode"
+    reason = next(c.reason for c in exp.candidates if str(c.backend) == "sdpa_cudnn")
+    assert "decode" in reason and "execution plan" in reason, reason
+    out = ks.flash_attention(q, k, v)
+    torch.testing.assert_close(out, _ref(q, k, v, causal=False)[0], atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["sdpa_cudnn", "sdpa_flash", "sdpa_efficient"])
+@pytest.mark.parametrize("shape", [(3, 1, 32, 8, 700, 128), (2, 64, 16, 16, 64, 64), (1, 5, 8, 2, 300, 128)],
+                         ids=["decode-gqa", "square", "verify-gqa"])
+def test_gpu_sdpa_direct_call_equals_f_sdpa(backend, shape, monkeypatch):
+    """The direct call of SDPA's kernel gives F.scaled_dot_product_attention's bits (under the same
+    pinned backend), for decode-shaped GQA calls too."""
+    b, sq, hq, hkv, sk, d = shape
+    q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16)
+    kc = torch.randn(b, hkv, sk + 7, d, device="cuda", dtype=torch.bfloat16)  # HF's cache layout, sliced
+    vc = torch.randn(b, hkv, sk + 7, d, device="cuda", dtype=torch.bfloat16)
+    k, v = kc[:, :, :sk].transpose(1, 2), vc[:, :, :sk].transpose(1, 2)
+    try:
+        direct = ks.flash_attention(q, k, v, backend=backend)
+    except ks.UnsupportedError as exc:
+        pytest.skip(f"{backend} cannot run here: {exc.reason}")
+    monkeypatch.setattr(BK, "_DIRECT_SDPA", False)
+    pinned = ks.flash_attention(q, k, v, backend=backend)
+    assert torch.equal(direct, pinned)
+    _close(direct, _ref(q.float(), k.float(), v.float(), causal=False)[0], torch.bfloat16, False, backend)
+
+
 @pytest.mark.gpu
 def test_gpu_cuda_graph_varlen():
     lens = [100, 0, 700, 1]

@@ -181,7 +181,15 @@ _SDPA_CHECK = {AttnBackend.SDPA_CUDNN: "can_use_cudnn_attention", AttnBackend.SD
                AttnBackend.SDPA_EFFICIENT: "can_use_efficient_attention"}
 
 
-def shape_class(seq_k: int) -> str:
+DECODE_MAX_Q = 16  # a call with at most this many query tokens against a longer KV sequence is "decode"
+
+
+def shape_class(seq_k: int, seq_q: int | None = None) -> str:
+    """The dispatch table's bucket of a problem: "decode" (a few query tokens against a longer KV
+    sequence: a decode or speculative-verify step, whose KV length changes at every call), else by
+    the longest key sequence: "short" <= 1024 < "medium" <= 4096 < "long"."""
+    if seq_q is not None and seq_q <= DECODE_MAX_Q and seq_k > seq_q:
+        return "decode"
     return "short" if seq_k <= 1024 else "medium" if seq_k <= 4096 else "long"
 
 
@@ -253,7 +261,7 @@ def _flash_key(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, *, causal=False, w
     sq = (max_seqlen_q if max_seqlen_q is not None else q.shape[0]) if varlen else q.shape[1]
     sk = (max_seqlen_k if max_seqlen_k is not None else k.shape[0]) if varlen else k.shape[1]
     return (q.device, q.dtype, k.dtype, v.dtype, q.shape[-2:], k.shape[-2], v.shape[-1], varlen, sq == sk,
-            shape_class(sk), bool(causal), _norm_window(bool(causal), tuple(window)), softcap > 0, sinks is not None,
+            shape_class(sk, sq), bool(causal), _norm_window(bool(causal), tuple(window)), softcap > 0, sinks is not None,
             need_lse, train, _unit(q, k, v), str(request))
 
 
@@ -272,7 +280,7 @@ def _flash_problem(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, *, causal=Fals
              "seq_q": sq, "seq_k": sk, "causal": bool(causal), "window": (left, right), "softcap": softcap > 0,
              "sinks": sinks is not None, "lse": need_lse, "train": train, "varlen": varlen,
              "unit_stride": _unit(q, k, v),
-             "shape_class": shape_class(sk),
+             "shape_class": shape_class(sk, sq),
              "auto": str(request) == "auto" and op not in config.get().backend}
     if q.device.type in ("cuda", "cpu") and not varlen:
         attrs["sdpa"] = _sdpa_verdicts(q, k, v, bool(causal))
@@ -384,6 +392,10 @@ def _sdpa_own(backend: AttnBackend):
         reason = _sdpa_common(p)
         if reason:
             return reason
+        if backend is AttnBackend.SDPA_CUDNN and p["shape_class"] == "decode" and p.attrs.get("auto"):
+            # a named sdpa_cudnn still runs such a call
+            return ("AUTO skips cuDNN for decode-shaped calls: it builds an execution plan for every new KV "
+                    "length, i.e. at every decode step (63-69 ms per call on an H100, scripts/decode_ops.py)")
         return p.attrs.get("sdpa", {}).get(str(backend), "torch's verdict is unknown")
     return supports
 
@@ -489,20 +501,47 @@ def _r_flash_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scal
     return dq, dk, dv, (grads[3] if s is not None else None)
 
 
+def _sdpa_direct(backend: AttnBackend, q, k, v, causal: bool, scale: float) -> torch.Tensor | None:
+    """SDPA's own kernel for ``backend``, called as F.scaled_dot_product_attention calls it once it
+    has picked that backend (q, k, v [B, H, S, D]; GQA passed through, which torch's flash and cuDNN
+    kernels take as is; the efficient kernel is only picked without GQA), skipping the
+    ``sdpa_kernel`` context (~15-40 us of host time per call) and the backend selection. None where
+    that call would differ (CPU, or a head size F.sdpa pads to a multiple of 8 for flash)."""
+    if q.device.type != "cuda":
+        return None
+    aten = torch.ops.aten
+    if backend is AttnBackend.SDPA_FLASH:
+        if q.shape[-1] % 8 or v.shape[-1] % 8:
+            return None
+        return aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)[0]
+    if backend is AttnBackend.SDPA_CUDNN:
+        return aten._scaled_dot_product_cudnn_attention(q, k, v, None, False, 0.0, causal, False, scale=scale)[0]
+    if q.shape[1] != k.shape[1]:
+        return None
+    return aten._scaled_dot_product_efficient_attention(q, k, v, None, False, 0.0, causal, scale=scale)[0]
+
+
 def _sdpa_forward(backend: AttnBackend):
     def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, sinks, need_lse):
-        import torch.nn.functional as F
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        which = {AttnBackend.SDPA_CUDNN: SDPBackend.CUDNN_ATTENTION, AttnBackend.SDPA_FLASH: SDPBackend.FLASH_ATTENTION,
-                 AttnBackend.SDPA_EFFICIENT: SDPBackend.EFFICIENT_ATTENTION}[backend]
-        gqa = q.shape[2] != k.shape[2]
-        with sdpa_kernel([which]):
-            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                 is_causal=causal, scale=scale, **({"enable_gqa": True} if gqa else {}))
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        out = _sdpa_direct(backend, qt, kt, vt, causal, scale) if _DIRECT_SDPA else None
+        if out is None:
+            import torch.nn.functional as F
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            which = {AttnBackend.SDPA_CUDNN: SDPBackend.CUDNN_ATTENTION,
+                     AttnBackend.SDPA_FLASH: SDPBackend.FLASH_ATTENTION,
+                     AttnBackend.SDPA_EFFICIENT: SDPBackend.EFFICIENT_ATTENTION}[backend]
+            gqa = q.shape[2] != k.shape[2]
+            with sdpa_kernel([which]):
+                out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale,
+                                                     **({"enable_gqa": True} if gqa else {}))
         # the LSE is not computed (supports() rejects calls that need it); an unwritten buffer of its shape
         lse = empty((q.shape[0], q.shape[2], q.shape[1]), torch.float32, q.device)
         return out.transpose(1, 2).contiguous(), lse
     return forward
+
+
+_DIRECT_SDPA = True  # tests compare both paths
 
 
 def sdpa_train(backend: str, q, k, v, causal: bool, scale: float) -> torch.Tensor:

@@ -28,13 +28,14 @@ def _embedding_fwd_kernel(IDS, W, Y, M, V, D, stride_w, BLOCK_M: tl.constexpr, B
 
 
 @triton.jit
-def _embedding_bwd_kernel(SORTED, ORDER, DY, DW, M, D, stride_dw, BLOCK_D: tl.constexpr):
+def _embedding_bwd_kernel(SORTED, ORDER, DY, DW, M, D, V, stride_dw, BLOCK_D: tl.constexpr):
+    # an id outside [0, V) (possible when the forward skipped its check) gets no row: never written
     p = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
     v = tl.load(SORTED + p)
     prev = tl.load(SORTED + tl.maximum(p - 1, 0))
-    if (p == 0) | (prev != v):
+    if ((p == 0) | (prev != v)) & (v >= 0) & (v < V):
         acc = tl.zeros([BLOCK_D], dtype=tl.float32)
         q = p
         cur = v

@@ -52,6 +52,6 @@ def embedding_bwd(dy: torch.Tensor, ids: torch.Tensor, num_embeddings: int, weig
     if m and d:
         sorted_ids, order = torch.sort(ids.reshape(-1).long(), stable=True)
         block_d = min(_pow2(d), 2048)
-        _bwd((m, -(-d // block_d)), sorted_ids, order, dy.reshape(-1, d).contiguous(), dw, m, d, d,
+        _bwd((m, -(-d // block_d)), sorted_ids, order, dy.reshape(-1, d).contiguous(), dw, m, d, num_embeddings, d,
              BLOCK_D=block_d, num_warps=4)
     return dw
