@@ -261,7 +261,8 @@ def _flash_key(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, *, causal=False, w
     sq = (max_seqlen_q if max_seqlen_q is not None else q.shape[0]) if varlen else q.shape[1]
     sk = (max_seqlen_k if max_seqlen_k is not None else k.shape[0]) if varlen else k.shape[1]
     return (q.device, q.dtype, k.dtype, v.dtype, q.shape[-2:], k.shape[-2], v.shape[-1], varlen, sq == sk,
-            shape_class(sk, sq), bool(causal), _norm_window(bool(causal), tuple(window)), softcap > 0, sinks is not None,
+            shape_class(sk, sq), bool(causal), _norm_window(bool(causal), tuple(window)), softcap > 0,
+            sinks is not None,
             need_lse, train, _unit(q, k, v), str(request))
 
 

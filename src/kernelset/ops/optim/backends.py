@@ -73,8 +73,8 @@ def _adamw_problem(params, grads, exp_avgs=None, exp_avg_sqs=None, max_exp_avg_s
                                                         masters)
     device = device if device is not None else torch.device("cpu")
     total = sum(p.numel() for p in params)
-    attrs = {"tensors": len(params), "param_dtypes": p_dt, "grad_dtypes": g_dt, "state_dtypes": s_dt, "states_agree": agree,
-             "devices": ndev, "layout_ok": layout, "master": bool(masters)}
+    attrs = {"tensors": len(params), "param_dtypes": p_dt, "grad_dtypes": g_dt, "state_dtypes": s_dt,
+             "states_agree": agree, "devices": ndev, "layout_ok": layout, "master": bool(masters)}
     return Problem("adamw", device, p_dt[0] if p_dt else torch.float32, (total,), device_arch(device), attrs)
 
 
@@ -132,8 +132,8 @@ def _clip_cost(shape, dtype, mode):
 declare_op(OpSpec(
     name="adamw", family="optim",
     signature="AdamW(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *, "
-              "maximize=False, master_weights=False, backend='auto')",
-    doc="p = p (1 - lr wd) - lr m_hat / (sqrt(v_hat) + eps), multi-tensor, fp32 states",
+              "maximize=False, master_weights=False, state_dtype=torch.float32, backend='auto')",
+    doc="p = p (1 - lr wd) - lr m_hat / (sqrt(v_hat) + eps), multi-tensor, fp32 states (or the param dtype)",
     reference=ref.adamw, tolerance="elementwise", key=_adamw_key, problem=_adamw_problem, cost=_adamw_cost,
     # the bar: 1B parameters in 200 tensors of varied size (bench.py), bf16 params, fp32 states.
     # Many small tensors first: ``ksctl plan`` builds its example from the first case.

@@ -6,9 +6,10 @@ pairs: table row, chunk index within that tensor), so one launch updates any num
 of one dtype combination. Addresses are cast back to typed pointers in the kernel; the element
 types of param, grad and the moment states come from the prototype arguments ``P0`` / ``G0`` /
 ``S0`` (any tensor of that dtype: states are fp32 by default, or the param dtype as torch keeps
-them); masters are fp32. Math is fp32 whatever the storage; a state is rounded once, when stored. ``ALIGNED`` promises 16-byte aligned bases (the launcher
-checks), which is what lets the compiler emit 16-byte vector accesses on full blocks; the last,
-partial block of each tensor takes a masked path.
+them); masters are fp32. Math is fp32 whatever the storage; a state is rounded once, when stored.
+``ALIGNED`` promises 16-byte aligned bases (the launcher checks), which is what lets the compiler
+emit 16-byte vector accesses on full blocks; the last, partial block of each tensor takes a masked
+path.
 
 AdamW (decoupled weight decay), fp32 math, as torch.optim.AdamW:
     g = grad / grad_scale; g = -g if maximize; t = step + 1
