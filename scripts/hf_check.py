@@ -7,7 +7,11 @@
 3. prefill 1x2048: patched vs HF eager and HF SDPA (bar >= 1.3x the faster of the two)
 4. decode step at batch 1 and 32 with HF's cache (bar: no slower than unpatched)
 5. training step (forward, backward, AdamW) of a Llama-3.2-1B-shaped model, seq 2048: patched +
-   kernelset AdamW vs unpatched + torch AdamW (bar >= 1.3x faster and less peak memory)
+   kernelset AdamW with states in the param dtype (as torch's; also reported with fp32 states) vs
+   unpatched + torch AdamW (bar >= 1.3x faster and less peak memory)
+
+Decode and training run in rounds that alternate the variants (the lent host's speed drifts from
+minute to minute); each side's median round is reported, every round is in the JSON.
 
 ``--layers`` cuts the 8B-shaped model's depth (the per-layer shapes stay 8B's) when time or
 memory is short; the output says which depth ran. Needs transformers: where it is missing (the
