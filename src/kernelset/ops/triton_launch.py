@@ -206,9 +206,9 @@ class FastKernel:
 
     @staticmethod
     def _opts(num_warps: int, num_stages: int | None, fp_fusion: bool) -> dict[str, Any]:
-        opts: dict[str, Any] = {"num_warps": num_warps}
+        # FMA contraction is always stated: Triton 3.10 turns its default off, which would change
+        # the kernels' speed and rounding under a newer Triton (the C ABI's AOT build states it too)
+        opts: dict[str, Any] = {"num_warps": num_warps, "enable_fp_fusion": bool(fp_fusion)}
         if num_stages is not None:
             opts["num_stages"] = num_stages
-        if not fp_fusion:
-            opts["enable_fp_fusion"] = False
         return opts
