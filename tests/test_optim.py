@@ -159,7 +159,9 @@ def test_adamw_states_in_param_dtype(backend, amsgrad, device):
             st = ours.state[x]
             for key in keys:
                 assert st[key].dtype == dtype, f"{key} kept in {st[key].dtype}"
-                _close(st[key].float(), ref.state[y][key], 1e-2 if key == "exp_avg" else 2e-2, f"{step}/{i} {key}")
+                # bitwise in practice (CPU interpreter, and an H100 over 5 seeds); 1e-3 leaves room for a
+                # rare fp32 op-order flip of one rounding, and fails a truncating conversion (3.7e-3)
+                _close(st[key].float(), ref.state[y][key], 1e-3, f"{step}/{i} {key}")
             assert st["step"].dtype == torch.float32
             _close(x.float(), y, 2e-4, f"{step}/{i} param")
             if x.numel():

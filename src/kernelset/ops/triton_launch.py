@@ -39,7 +39,8 @@ def _no_hook(hook: Any) -> bool:
 
 
 def _spec(value: Any) -> Any:
-    """What Triton specializes a non-constexpr argument on (the slow path's key; see _layout)."""
+    """What Triton specializes a non-constexpr argument on (the generic path's key; the fast
+    path's is generated per layout of argument types: see _make_keyfn)."""
     if isinstance(value, torch.Tensor):
         return (value.dtype, value.data_ptr() % 16 == 0)
     if value is None:
