@@ -325,3 +325,75 @@ print(json.dumps(out))
 def test_kernel_compiles_for_sm90_and_sm80():
     """DeepSeek-V3 shapes (rank 512, rope 64, 128 or 16 heads) compile without spills, vectorized."""
     compile_report(_AOT, 4)
+
+
+_AOT_WGMMA = r"""
+import collections, json, re
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+from kernelset.ops.mla import kernels_wgmma as KW
+
+out = []
+for bn, stages, splits in ((64, 2, 1), (64, 2, 4)):
+    lay = {w: gl.NVMMASharedLayout.get_default_for([bn, w], gl.bfloat16) for w in (512, 64)}
+    sig = dict(c_desc=f"tensordesc<bf16[{bn}, 512],{lay[512]!r}>", pe_desc=f"tensordesc<bf16[{bn}, 64],{lay[64]!r}>",
+               QN="*bf16", QP="*bf16", BT="*i32", SEQ="*i32", O="*bf16", LSE="*fp32",
+               PO="*fp32" if splits > 1 else None, PLSE="*fp32" if splits > 1 else None, s_mul="fp32", H="i32",
+               num_head_tiles="i32", partition="i32", num_blocks="i32", max_keys="i32", stride_qnb="i32",
+               stride_qnh="i32", stride_qpb="i32", stride_qph="i32", stride_bt="i32")
+    fn = KW._mla_decode_wgmma_kernel
+    consts = dict(R=512, P=64, BS=64, BLOCK_H=64, BLOCK_N=bn, STAGES=stages, SPLITS=splits, num_warps=8)
+    consts.update({n: None for n, t in sig.items() if t is None})
+    full = {n: sig.get(n) or "constexpr" for n in fn.arg_names}
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
+             if t is not None and (t.startswith("*") or n.startswith("stride"))}
+    c = triton.compile(GluonASTSource(fn, signature=full, constexprs=consts, attrs=attrs),
+                       target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8))
+    ptx = c.asm["ptx"]
+    mma = collections.Counter(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))
+    out.append(dict(case=f"wgmma-bn{bn}-splits{splits}", local="ld.local" in ptx or "st.local" in ptx,
+                    vec=".v4" in ptx or ".v2" in ptx, tma="cp.async.bulk.tensor" in ptx, mma=dict(mma),
+                    smem=c.metadata.shared))
+print(json.dumps(out))
+"""
+
+
+def test_wgmma_kernel_compiles_for_sm90():
+    """The Gluon kernel compiles for sm_90 with this machine's Triton: no spills, TMA loads, and per
+    64-token tile each warpgroup issues 36 m64n32k16 QK products (K = 576 over its half of the
+    tokens: S is computed once, not once per warpgroup) and 4 m64n256k16 PV products."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    for r in compile_report(_AOT_WGMMA, 2):
+        assert r["tma"], r
+        assert r["mma"] == {"m64n32k16": 36, "m64n256k16": 4}, r
+        assert r["smem"] <= 232448, r  # the sm_90 limit per block
+
+
+@pytest.mark.gpu
+def test_gpu_wgmma_kernel_serves_128_heads_and_matches_triton():
+    """On sm_90 the default path for 128 heads is the wgmma kernel; it agrees with the Triton kernel
+    and the reference on ragged lengths (partial tiles, length 0 and 1), forced splits, and NaN bytes
+    in the unused rows of the last pages (zeroed before the PV product)."""
+    from kernelset.ops.mla import launch as L
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel is sm_90 only")
+    lens = [4096, 1, 0, 65, 3000, 17, 64]
+    seqs = [torch.randn(n, 576, device="cuda").to(torch.bfloat16) for n in lens]
+    cache, table, seq_lens = _paged(seqs, 64, "cuda")
+    for i, n in enumerate(lens):
+        if n % 64:
+            cache[table[i, n // 64].long(), n % 64:] = float("nan")
+    q_nope = torch.randn(len(lens), 128, 512, device="cuda").to(torch.bfloat16)
+    q_pe = torch.randn(len(lens), 128, 64, device="cuda").to(torch.bfloat16)
+    assert L.wgmma_reason(q_nope, q_pe, cache, L.MlaTuning()) is None
+    kw = dict(scale=192 ** -0.5, return_lse=True)
+    want = ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, backend="reference", **kw)
+    fin = torch.isfinite(want.lse)
+    for tuning in (L.MlaTuning(), L.MlaTuning(splits=3), L.MlaTuning(wgmma=False)):
+        with L.TUNING.use(tuning):
+            got = ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, **kw)
+        assert torch.isfinite(got.out).all(), tuning
+        assert rel_err(got.out, want.out) <= tolerance("norm", torch.bfloat16), tuning
+        assert torch.equal(torch.isfinite(got.lse), fin) and rel_err(got.lse[fin], want.lse[fin]) < 1e-3, tuning

@@ -42,6 +42,10 @@ class MlaTuning:
     lazy: bool = False
     prefetch_pages: bool | None = None  # force the block-table prefetch on or off (None: the policy decides)
     waves: float = 1.0  # programs wanted per SM before splitting stops (1 beat 2 by 1-6%)
+    # the Gluon wgmma kernel on sm_90 (kernels_wgmma.py): None = wherever it applies, False = never
+    wgmma: bool | None = None
+    wgmma_block_n: int = 64  # tokens per tile of the wgmma kernel (a divisor of the page size)
+    wgmma_stages: int = 2  # cache tiles in flight (shared memory: 72 KB of queries + 72 KB per 64-token stage)
     min_partition: int = 256  # fewest tokens per split
     max_splits: int = 64  # the reduce kernel holds every split's partial of one row at once
 
@@ -110,6 +114,78 @@ def mla_reduce_policy(splits: int) -> ReduceLaunch:
     return ReduceLaunch(_pow2(splits), 4)
 
 
+@functools.lru_cache(maxsize=None)
+def _wgmma_module():
+    """kernels_wgmma, or None where Gluon's Hopper module does not import (old Triton, CPU-only builds)."""
+    try:
+        from . import kernels_wgmma
+    except Exception:  # noqa: BLE001 - any import failure means the kernel is unavailable
+        return None
+    return kernels_wgmma
+
+
+def wgmma_reason(q_nope, q_pe, kv_cache, tuning: MlaTuning) -> str | None:
+    """None when the Gluon wgmma kernel serves this call, else why not (for explain and tests)."""
+    if tuning.wgmma is False:
+        return "turned off (MlaTuning.wgmma=False)"
+    if config.get().triton_interpret or q_nope.device.type != "cuda":
+        return "needs an sm_90 GPU (not the interpreter)"
+    if torch.cuda.get_device_capability(q_nope.device) != (9, 0):
+        return "needs sm_90 (wgmma and TMA)"
+    if kv_cache.dtype != q_nope.dtype or q_nope.dtype not in (torch.bfloat16, torch.float16):
+        return "needs a bf16/fp16 cache in the query dtype"
+    b, h, r = q_nope.shape
+    nb, bs, w = kv_cache.shape
+    p = q_pe.shape[2]
+    bn = tuning.wgmma_block_n
+    if r != 512 or p != 64:
+        return "needs kv_lora_rank 512 and rope_dim 64"
+    if h < 64:
+        return "needs at least 64 heads (one 64-row wgmma tile per program)"
+    if bs % bn:
+        return f"needs a page size that is a multiple of {bn}"
+    if (kv_cache.stride(2) != 1 or kv_cache.stride(0) != bs * kv_cache.stride(1)
+            or (kv_cache.stride(1) * kv_cache.element_size()) % 16 or kv_cache.data_ptr() % 16):
+        return "needs a cache whose rows form one 16-byte aligned 2-D view (TMA)"
+    if _wgmma_module() is None:
+        return "Gluon (triton.experimental.gluon, Hopper) is not importable"
+    return None
+
+
+def _mla_decode_wgmma(q_nope, q_pe, kv_cache, block_table, seq_lens, out, lse, scale, max_keys, tuning: MlaTuning):
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    kw = _wgmma_module()
+    b, h, r = q_nope.shape
+    p_dim = q_pe.shape[2]
+    nb, bs, width = kv_cache.shape
+    bn = tuning.wgmma_block_n
+    p = mla_policy(b, h, r, p_dim, max_keys, sm_count(q_nope.device), False,
+                   dataclasses.replace(tuning, block_h=64, block_n=bn))
+    gdt = gl.bfloat16 if q_nope.dtype == torch.bfloat16 else gl.float16
+    kv2d = kv_cache.view(nb * bs, width) if kv_cache.is_contiguous() else kv_cache.as_strided(
+        (nb * bs, width), (kv_cache.stride(1), 1))
+    c_desc = TensorDescriptor(kv2d, [nb * bs, width], [kv_cache.stride(1), 1], [bn, r],
+                              gl.NVMMASharedLayout.get_default_for([bn, r], gdt))
+    pe_desc = TensorDescriptor(kv2d, [nb * bs, width], [kv_cache.stride(1), 1], [bn, p_dim],
+                               gl.NVMMASharedLayout.get_default_for([bn, p_dim], gdt))
+    if p.splits > 1:
+        po = torch.empty((b, h, p.splits, r), dtype=torch.float32, device=q_nope.device)
+        plse = torch.empty((b, h, p.splits), dtype=torch.float32, device=q_nope.device)
+    else:
+        po = plse = None
+    kw._mla_decode_wgmma_kernel[(b * p.head_tiles, p.splits)](
+        c_desc, pe_desc, q_nope, q_pe, block_table, seq_lens, out, lse, po, plse,
+        scale * 1.4426950408889634, h, p.head_tiles, p.partition, nb, max_keys,
+        q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), block_table.stride(0),
+        R=r, P=p_dim, BS=bs, BLOCK_H=64, BLOCK_N=bn, STAGES=tuning.wgmma_stages, SPLITS=p.splits, num_warps=8)
+    if p.splits > 1:
+        red = mla_reduce_policy(p.splits)
+        _reduce((b * h,), po, plse, None, out, lse, p.splits, D=r, BLOCK_S=red.block_s,
+                BLOCK_D=p.block_r, HAS_SINKS=False, Hq=h, num_warps=red.num_warps)
+
+
 def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, kv_scale, max_seq_len):
     """(out ``[B, H, R]`` like q_nope, lse ``[B, H]`` fp32). Arguments as the public function
     takes them, checked."""
@@ -123,7 +199,11 @@ def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, kv_scale, m
     max_table = block_table.shape[1]
     max_keys = min(max_seq_len, max_table * bs)
     fp8 = kv_cache.dtype == torch.float8_e4m3fn
-    p = mla_policy(b, h, r, p_dim, max_keys, sm_count(q_nope.device), fp8, TUNING.active())
+    tuning = TUNING.active()
+    if wgmma_reason(q_nope, q_pe, kv_cache, tuning) is None:
+        _mla_decode_wgmma(q_nope, q_pe, kv_cache, block_table, seq_lens, out, lse, scale, max_keys, tuning)
+        return out, lse
+    p = mla_policy(b, h, r, p_dim, max_keys, sm_count(q_nope.device), fp8, tuning)
     f32 = q_nope.dtype == torch.float32 or config.get().triton_interpret
     if p.splits > 1:
         po = torch.empty((b, h, p.splits, r), dtype=torch.float32, device=q_nope.device)
