@@ -17,10 +17,10 @@ from kernelset.ops.mla import launch as L
 from kernelset.ops.mla import reference as R
 from kernelset.ops.mla.bench import ADAPTERS
 
-VARIANTS = {"wg64": L.MlaTuning(),
-            "wg32s4": L.MlaTuning(wgmma_block_n=32, wgmma_stages=4),
+VARIANTS = {"ws": L.MlaTuning(),
+            "wg64": L.MlaTuning(wgmma_ws=False),
             "triton": L.MlaTuning(wgmma=False)}
-BENCH = ("wg64", "wg32s4", "triton")
+BENCH = ("ws", "wg64", "triton")
 
 
 def debug(dev) -> None:
@@ -29,7 +29,7 @@ def debug(dev) -> None:
     for lens, splits in (([64], 1), ([128], 1), ([65], 1), ([1], 1), ([63], 1), ([200], 1), ([200], 2), ([0, 5], 1)):
         qn, qp, cache, table, sl = _case(len(lens), 64, lens, 64, torch.bfloat16, dev, None, gen)
         ref_out, _ = R.mla_decode(qn, qp, cache, table, sl, 0.1)
-        for vname in ("wg64", "wg32s4"):
+        for vname in ("ws", "wg64"):
             t = L.MlaTuning(**{**VARIANTS[vname].__dict__, "splits": splits})
             with L.TUNING.use(t):
                 o = ks.mla_decode(qn, qp, cache, table, sl, scale=0.1, check_bounds=False).float()

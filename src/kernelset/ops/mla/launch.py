@@ -45,6 +45,7 @@ class MlaTuning:
     # the Gluon wgmma kernel on sm_90 (kernels_wgmma.py): None = wherever it applies, False = never
     wgmma: bool | None = None
     wgmma_block_n: int = 64  # tokens per tile of the wgmma kernel (a divisor of the page size)
+    wgmma_ws: bool = True  # warp-specialized form (warpgroup 0: QK + softmax + PV half; 1: PV half + loads)
     wgmma_stages: int = 2  # cache tiles in flight (shared memory: 72 KB of queries + 72 KB per 64-token stage)
     min_partition: int = 256  # fewest tokens per split
     max_splits: int = 64  # the reduce kernel holds every split's partial of one row at once
@@ -175,11 +176,13 @@ def _mla_decode_wgmma(q_nope, q_pe, kv_cache, block_table, seq_lens, out, lse, s
         plse = torch.empty((b, h, p.splits), dtype=torch.float32, device=q_nope.device)
     else:
         po = plse = None
-    kw._mla_decode_wgmma_kernel[(b * p.head_tiles, p.splits)](
+    kernel = kw._mla_decode_ws_kernel if tuning.wgmma_ws else kw._mla_decode_wgmma_kernel
+    kernel[(b * p.head_tiles, p.splits)](
         c_desc, pe_desc, q_nope, q_pe, block_table, seq_lens, out, lse, po, plse,
         scale * 1.4426950408889634, h, p.head_tiles, p.partition, nb, max_keys,
         q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), block_table.stride(0),
-        R=r, P=p_dim, BS=bs, BLOCK_H=64, BLOCK_N=bn, STAGES=tuning.wgmma_stages, SPLITS=p.splits, num_warps=8)
+        R=r, P=p_dim, BS=bs, BLOCK_H=64, BLOCK_N=bn, STAGES=tuning.wgmma_stages, SPLITS=p.splits,
+        num_warps=4 if tuning.wgmma_ws else 8)
     if p.splits > 1:
         red = mla_reduce_policy(p.splits)
         _reduce((b * h,), po, plse, None, out, lse, p.splits, D=r, BLOCK_S=red.block_s,
