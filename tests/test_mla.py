@@ -241,6 +241,28 @@ def test_compile_fullgraph_and_explain(device):
     assert rel_err(got, f(q_nope)) < 1e-6
     exp = ks.explain("mla_decode", q_nope, q_pe, cache, table, seq_lens, verbose=False)
     assert exp.chosen is not None and str(exp.candidates[-1].backend) == "reference"
+    if str(exp.chosen) == "triton":  # the chosen candidate says which kernel, and why not the sm_90 one
+        assert exp.candidates[0].reason.startswith("kernel: Triton tl.dot (the sm_90 Gluon kernel needs"), exp
+
+
+def test_explain_names_the_sm90_kernel_from_the_problem():
+    """The wgmma kernel's coverage, decided from the dispatcher's Problem (no tensors), as explain shows it."""
+    from kernelset.core import config
+    from kernelset.core.registry import Problem
+    from kernelset.ops.mla.backends import _detail
+
+    def prob(arch=(9, 0), heads=128, bs=64, cache="bfloat16", dtype=torch.bfloat16):
+        return Problem("mla_decode", torch.device("cuda"), dtype, (4, heads, 512), arch,
+                       {"heads": heads, "kv_lora_rank": 512, "rope_dim": 64, "block_size": bs, "cache_dtype": cache})
+    with config.override(triton_interpret=False):
+        gluon = L._wgmma_module() is not None
+        assert _detail(prob()).startswith("kernel: warp-specialized Gluon wgmma" if gluon else "kernel: Triton")
+        assert "needs sm_90" in _detail(prob(arch=(8, 0)))
+        assert "at least 64 heads" in _detail(prob(heads=16))
+        assert "multiple of 64" in _detail(prob(bs=16))
+        assert "bf16/fp16 cache" in _detail(prob(cache="float8_e4m3fn"))
+        with L.TUNING.use(L.MlaTuning(wgmma=False)):
+            assert "turned off" in _detail(prob())
 
 
 # ---- GPU-only: real sizes, CUDA-graph capture --------------------------------------------------
@@ -336,24 +358,26 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from kernelset.ops.mla import kernels_wgmma as KW
 
 out = []
-for bn, stages, splits in ((64, 2, 1), (64, 2, 4)):
+for ws, splits in ((True, 1), (True, 4), (False, 1)):
+    bn, stages = 64, 2
     lay = {w: gl.NVMMASharedLayout.get_default_for([bn, w], gl.bfloat16) for w in (512, 64)}
     sig = dict(c_desc=f"tensordesc<bf16[{bn}, 512],{lay[512]!r}>", pe_desc=f"tensordesc<bf16[{bn}, 64],{lay[64]!r}>",
                QN="*bf16", QP="*bf16", BT="*i32", SEQ="*i32", O="*bf16", LSE="*fp32",
                PO="*fp32" if splits > 1 else None, PLSE="*fp32" if splits > 1 else None, s_mul="fp32", H="i32",
                num_head_tiles="i32", partition="i32", num_blocks="i32", max_keys="i32", stride_qnb="i32",
                stride_qnh="i32", stride_qpb="i32", stride_qph="i32", stride_bt="i32")
-    fn = KW._mla_decode_wgmma_kernel
-    consts = dict(R=512, P=64, BS=64, BLOCK_H=64, BLOCK_N=bn, STAGES=stages, SPLITS=splits, num_warps=8)
+    fn = KW._mla_decode_ws_kernel if ws else KW._mla_decode_wgmma_kernel
+    warps = 4 if ws else 8
+    consts = dict(R=512, P=64, BS=64, BLOCK_H=64, BLOCK_N=bn, STAGES=stages, SPLITS=splits, num_warps=warps)
     consts.update({n: None for n, t in sig.items() if t is None})
     full = {n: sig.get(n) or "constexpr" for n in fn.arg_names}
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
              if t is not None and (t.startswith("*") or n.startswith("stride"))}
     c = triton.compile(GluonASTSource(fn, signature=full, constexprs=consts, attrs=attrs),
-                       target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8))
+                       target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
     ptx = c.asm["ptx"]
     mma = collections.Counter(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))
-    out.append(dict(case=f"wgmma-bn{bn}-splits{splits}", local="ld.local" in ptx or "st.local" in ptx,
+    out.append(dict(case=f"{'ws' if ws else 'split'}-splits{splits}", ws=ws, maxnreg="setmaxnreg" in ptx, local="ld.local" in ptx or "st.local" in ptx,
                     vec=".v4" in ptx or ".v2" in ptx, tma="cp.async.bulk.tensor" in ptx, mma=dict(mma),
                     smem=c.metadata.shared))
 print(json.dumps(out))
@@ -361,13 +385,17 @@ print(json.dumps(out))
 
 
 def test_wgmma_kernel_compiles_for_sm90():
-    """The Gluon kernel compiles for sm_90 with this machine's Triton: no spills, TMA loads, and per
-    64-token tile each warpgroup issues 36 m64n32k16 QK products (K = 576 over its half of the
-    tokens: S is computed once, not once per warpgroup) and 4 m64n256k16 PV products."""
+    """Both Gluon kernels compile for sm_90 with this machine's Triton: no spills, TMA loads, within
+    the 227 KB of shared memory, and S computed once per 64-token tile, never per warpgroup:
+    - warp-specialized: warpgroup 0 issues the whole QK as 36 m64n64k16 (K = 576), each warpgroup
+      4 m64n256k16 for its half of the output (8 in the code), registers reallocated (setmaxnreg);
+    - split form: each warpgroup 36 m64n32k16 over its half of the tokens, 4 m64n256k16."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
-    for r in compile_report(_AOT_WGMMA, 2):
+    for r in compile_report(_AOT_WGMMA, 3):
         assert r["tma"], r
-        assert r["mma"] == {"m64n32k16": 36, "m64n256k16": 4}, r
+        want = {"m64n64k16": 36, "m64n256k16": 8} if r["ws"] else {"m64n32k16": 36, "m64n256k16": 4}
+        assert r["mma"] == want, r
+        assert r["maxnreg"] == r["ws"], r
         assert r["smem"] <= 232448, r  # the sm_90 limit per block
 
 
@@ -391,7 +419,7 @@ def test_gpu_wgmma_kernel_serves_128_heads_and_matches_triton():
     kw = dict(scale=192 ** -0.5, return_lse=True)
     want = ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, backend="reference", **kw)
     fin = torch.isfinite(want.lse)
-    for tuning in (L.MlaTuning(), L.MlaTuning(splits=3), L.MlaTuning(wgmma=False)):
+    for tuning in (L.MlaTuning(), L.MlaTuning(splits=3), L.MlaTuning(wgmma_ws=False), L.MlaTuning(wgmma=False)):
         with L.TUNING.use(tuning):
             got = ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, **kw)
         assert torch.isfinite(got.out).all(), tuning

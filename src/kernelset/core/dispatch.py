@@ -166,6 +166,7 @@ def explain(name: str, *args: Any, backend: str | Backend = AUTO, backward: bool
         reason = "disabled by KS_DISABLE" if impl.backend in cfg.disable else rejection(impl, problem, backward=backward)
         if impl.backend == chosen:
             status = "chosen"
+            reason = impl.detail(problem) if impl.detail is not None else None
         elif reason is None:
             status = "supported"
             if requested is not None:

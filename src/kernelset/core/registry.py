@@ -94,6 +94,9 @@ class Impl:
     compile_safe: bool = True  # runs inside torch.compile(fullgraph=True) through its custom op
     requires: tuple[str, ...] = ()  # importable modules it needs (checked lazily, once)
     note: str = ""
+    # which kernel the implementation runs for a problem, in words (ks.explain shows it for the
+    # chosen candidate); None: the note says it all
+    detail: Callable[[Problem], str] | None = None
 
     def availability(self) -> str | None:
         return _module_missing(self.requires)

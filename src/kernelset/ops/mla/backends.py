@@ -80,14 +80,26 @@ def _triton(*args):
     return mla_decode(*args)
 
 
+def _detail(p: Problem) -> str:
+    from .launch import TUNING, wgmma_shape_reason
+    why = wgmma_shape_reason(p.arch, p.device.type, p.dtype, getattr(torch, p["cache_dtype"]), p["heads"],
+                             p["kv_lora_rank"], p["rope_dim"], p["block_size"], TUNING.active())
+    if why is None:
+        return ("kernel: warp-specialized Gluon wgmma (sm_90), if the cache rows form one 16-byte aligned "
+                "2-D view (TMA); else the Triton kernel")
+    return f"kernel: Triton tl.dot (the sm_90 Gluon kernel {why})"
+
+
 def _ref(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, kv_scale, max_seq_len):
     out, lse = ref.mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, kv_scale)
     return out.to(q_nope.dtype), lse
 
 
 register_impl(Impl(op="mla_decode", backend=Backend.TRITON, forward=_triton, backward=None, supports=_supports,
-                   priority=100, arch=ArchRange(min=(8, 0)), requires=("triton",),
-                   note="a head tile per program (tl.dot, latent rows read once as keys and values), split-KV"))
+                   priority=100, arch=ArchRange(min=(8, 0)), requires=("triton",), detail=_detail,
+                   note="sm_90, bf16/fp16 cache, >= 64 heads: a warp-specialized Gluon kernel (TMA page tiles, "
+                        "wgmma); elsewhere a head tile per program (tl.dot); latent rows read once as keys and "
+                        "values, split-KV"))
 register_impl(Impl(op="mla_decode", backend=Backend.REFERENCE, forward=_ref, backward=None,
                    supports=lambda p: None, priority=0, graph_safe=False,
                    note="fp32 math per sequence on the gathered latent cache (reads seq_lens on the host)"))

@@ -1,11 +1,17 @@
 """MLA decode for sm_90, written in Gluon: TMA page tiles, warpgroup MMA, no duplicated QK product.
 
-Why a second kernel: in the Triton kernel (`kernels.py`) the score product S = Q C^T feeds the
-second product P C, and Triton then lays S out with all 8 warps along the 64 head rows, so both
-warpgroups compute the whole [64, 64] S: 1.5x the tensor work of the op, plus a serial
-load -> QK -> softmax -> PV chain per tile at one program per SM (27% of copy at 128 heads).
+Two forms (README.md of this folder has the design and the measurements):
+- `_mla_decode_ws_kernel`, the default: warp-specialized, warpgroup 0 does QK + softmax + half of
+  PV, warpgroup 1 the other half of PV and the TMA refills (FlashMLA's division of labour);
+  74.6% of copy at B64 ctx4096 128 heads on an H100.
+- `_mla_decode_wgmma_kernel` (`MlaTuning(wgmma_ws=False)`): 8 warps doing the same work, 57%.
 
-Here the layouts are explicit:
+Why not Triton: in `kernels.py` the score product S = Q C^T feeds the second product P C, and
+Triton then lays S out with all 8 warps along the 64 head rows, so both warpgroups compute the
+whole [64, 64] S: 1.5x the tensor work of the op, plus a serial load -> QK -> softmax -> PV chain
+per tile at one program per SM (27% of copy at 128 heads).
+
+The split form, layouts explicit:
 - S [64 heads, BLOCK_N tokens] is split along the tokens over the two warpgroups
   (warps_per_cta [4, 2]), so each S element is computed once; the row max and sum cross the two
   warpgroups through shared memory (the compiler's reduction).

@@ -125,32 +125,38 @@ def _wgmma_module():
     return kernels_wgmma
 
 
-def wgmma_reason(q_nope, q_pe, kv_cache, tuning: MlaTuning) -> str | None:
-    """None when the Gluon wgmma kernel serves this call, else why not (for explain and tests)."""
+def wgmma_shape_reason(arch, device_type: str, q_dtype: torch.dtype, cache_dtype: torch.dtype, heads: int,
+                       rank: int, rope_dim: int, block_size: int, tuning: MlaTuning) -> str | None:
+    """None when the sm_90 Gluon kernel covers these facts of a call (strides aside), else why not."""
     if tuning.wgmma is False:
         return "turned off (MlaTuning.wgmma=False)"
-    if config.get().triton_interpret or q_nope.device.type != "cuda":
+    if config.get().triton_interpret or device_type != "cuda":
         return "needs an sm_90 GPU (not the interpreter)"
-    if torch.cuda.get_device_capability(q_nope.device) != (9, 0):
+    if tuple(arch or ()) != (9, 0):
         return "needs sm_90 (wgmma and TMA)"
-    if kv_cache.dtype != q_nope.dtype or q_nope.dtype not in (torch.bfloat16, torch.float16):
+    if cache_dtype != q_dtype or q_dtype not in (torch.bfloat16, torch.float16):
         return "needs a bf16/fp16 cache in the query dtype"
-    b, h, r = q_nope.shape
-    nb, bs, w = kv_cache.shape
-    p = q_pe.shape[2]
-    bn = tuning.wgmma_block_n
-    if r != 512 or p != 64:
+    if rank != 512 or rope_dim != 64:
         return "needs kv_lora_rank 512 and rope_dim 64"
-    if h < 64:
+    if heads < 64:
         return "needs at least 64 heads (one 64-row wgmma tile per program)"
-    if bs % bn:
-        return f"needs a page size that is a multiple of {bn}"
-    if (kv_cache.stride(2) != 1 or kv_cache.stride(0) != bs * kv_cache.stride(1)
-            or (kv_cache.stride(1) * kv_cache.element_size()) % 16 or kv_cache.data_ptr() % 16):
-        return "needs a cache whose rows form one 16-byte aligned 2-D view (TMA)"
+    if block_size % tuning.wgmma_block_n:
+        return f"needs a page size that is a multiple of {tuning.wgmma_block_n}"
     if _wgmma_module() is None:
         return "Gluon (triton.experimental.gluon, Hopper) is not importable"
     return None
+
+
+def wgmma_reason(q_nope, q_pe, kv_cache, tuning: MlaTuning) -> str | None:
+    """None when the Gluon wgmma kernel serves this call, else why not (tests, the launcher)."""
+    arch = torch.cuda.get_device_capability(q_nope.device) if q_nope.device.type == "cuda" else None
+    nb, bs, _ = kv_cache.shape
+    reason = wgmma_shape_reason(arch, q_nope.device.type, q_nope.dtype, kv_cache.dtype, q_nope.shape[1],
+                                q_nope.shape[2], q_pe.shape[2], bs, tuning)
+    if reason is None and (kv_cache.stride(2) != 1 or kv_cache.stride(0) != bs * kv_cache.stride(1)
+                           or (kv_cache.stride(1) * kv_cache.element_size()) % 16 or kv_cache.data_ptr() % 16):
+        return "needs a cache whose rows form one 16-byte aligned 2-D view (TMA)"
+    return reason
 
 
 def _mla_decode_wgmma(q_nope, q_pe, kv_cache, block_table, seq_lens, out, lse, scale, max_keys, tuning: MlaTuning):
