@@ -13,7 +13,8 @@ from kernelset.bench import timing
 from kernelset.ops.mla import launch as L
 from kernelset.ops.mla.bench import ADAPTERS
 
-KERNELS = {"gluon-ws": L.MlaTuning(), "triton": L.MlaTuning(wgmma=False)}
+KERNELS = {"default": L.MlaTuning(), "gluon-ws": L.MlaTuning(wgmma_eager_min_work=0),
+           "triton": L.MlaTuning(wgmma=False)}
 
 
 def eager_us(fn, calls: int = 200) -> float:
@@ -29,7 +30,8 @@ def eager_us(fn, calls: int = 200) -> float:
 
 def main() -> None:
     dev = torch.device("cuda")
-    for shape in ((1, 1024, 128, 512, 64, 64, 16), (8, 4096, 128, 512, 64, 64, 16), (32, 2048, 128, 512, 64, 64, 16)):
+    for shape in ((1, 1024, 128, 512, 64, 64, 16), (8, 4096, 128, 512, 64, 64, 16), (32, 2048, 128, 512, 64, 64, 16),
+                  (64, 4096, 128, 512, 64, 64, 16)):
         inp = ADAPTERS["mla_decode"].inputs(shape, torch.bfloat16, dev, "fwd")
         res = {k: {"eager": [], "graph": []} for k in KERNELS}
         for _ in range(3):

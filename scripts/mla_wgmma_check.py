@@ -17,8 +17,9 @@ from kernelset.ops.mla import launch as L
 from kernelset.ops.mla import reference as R
 from kernelset.ops.mla.bench import ADAPTERS
 
-VARIANTS = {"ws": L.MlaTuning(),
-            "wg64": L.MlaTuning(wgmma_ws=False),
+# eager calls below the work threshold would take the Triton kernel: the Gluon variants force it
+VARIANTS = {"ws": L.MlaTuning(wgmma_eager_min_work=0),
+            "wg64": L.MlaTuning(wgmma_ws=False, wgmma_eager_min_work=0),
             "triton": L.MlaTuning(wgmma=False)}
 BENCH = ("ws", "wg64", "triton")
 

@@ -368,7 +368,7 @@ for ws, splits in ((True, 1), (True, 4), (False, 1)):
                stride_qnh="i32", stride_qpb="i32", stride_qph="i32", stride_bt="i32")
     fn = KW._mla_decode_ws_kernel if ws else KW._mla_decode_wgmma_kernel
     warps = 4 if ws else 8
-    consts = dict(R=512, P=64, BS=64, BLOCK_H=64, BLOCK_N=bn, STAGES=stages, SPLITS=splits, num_warps=warps)
+    consts = dict(R=512, P=64, BS=64, BLOCK_H=64, BLOCK_N=bn, STAGES=stages, SPLITS=splits)
     consts.update({n: None for n, t in sig.items() if t is None})
     full = {n: sig.get(n) or "constexpr" for n in fn.arg_names}
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
@@ -419,9 +419,69 @@ def test_gpu_wgmma_kernel_serves_128_heads_and_matches_triton():
     kw = dict(scale=192 ** -0.5, return_lse=True)
     want = ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, backend="reference", **kw)
     fin = torch.isfinite(want.lse)
-    for tuning in (L.MlaTuning(), L.MlaTuning(splits=3), L.MlaTuning(wgmma_ws=False), L.MlaTuning(wgmma=False)):
+    eager = dict(wgmma_eager_min_work=0)  # this small batch would take the Triton kernel eagerly
+    for tuning in (L.MlaTuning(**eager), L.MlaTuning(splits=3, **eager), L.MlaTuning(wgmma_ws=False, **eager),
+                   L.MlaTuning(wgmma=False)):
         with L.TUNING.use(tuning):
             got = ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, **kw)
         assert torch.isfinite(got.out).all(), tuning
         assert rel_err(got.out, want.out) <= tolerance("norm", torch.bfloat16), tuning
         assert torch.equal(torch.isfinite(got.lse), fin) and rel_err(got.lse[fin], want.lse[fin]) < 1e-3, tuning
+
+
+def test_eager_calls_take_the_gluon_kernel_only_from_the_work_threshold(monkeypatch, device):
+    """Where the sm_90 kernel applies, an eager call takes it from batch x heads x max_keys >=
+    MlaTuning.wgmma_eager_min_work (its launch costs more host time), below that the Triton kernel."""
+    seqs = [torch.randn(n, 80, device=device) for n in (20, 9)]
+    cache, table, seq_lens = _paged(seqs, 16, device)
+    q_nope, q_pe = torch.randn(2, 16, 64, device=device), torch.randn(2, 16, 16, device=device)
+    calls = []
+    monkeypatch.setattr(L, "wgmma_reason", lambda *a: None)
+    monkeypatch.setattr(L, "_mla_decode_wgmma", lambda *a: calls.append(a[-2]))  # max_keys
+    work = 2 * 16 * 48  # batch x heads x max_keys (3 table columns of 16)
+    for threshold, gluon in ((work + 1, False), (work, True)):
+        calls.clear()
+        with L.TUNING.use(L.MlaTuning(wgmma_eager_min_work=threshold)):
+            L.mla_decode(q_nope, q_pe, cache, table, seq_lens, 0.1, None, 1 << 30)
+        assert bool(calls) == gluon and (not calls or calls[0] == 48)
+
+
+def test_gluon_launcher_merges_split_partials(monkeypatch, device):
+    """The sm_90 launcher's host side on any machine: a stand-in for the Gluon kernel writes equal
+    partials per split (out 1, log2-sum-exp 0); with splits the launcher must merge them (the
+    paged-attention reduce kernel) into out = 1, lse = ln(splits); without, write out itself."""
+    import types
+
+    b, h, bs, nb = 2, 64, 64, 8
+    q_nope = torch.randn(b, h, 512, device=device).to(torch.bfloat16)
+    q_pe = torch.randn(b, h, 64, device=device).to(torch.bfloat16)
+    cache = torch.randn(nb, bs, 576, device=device).to(torch.bfloat16)
+    table = torch.arange(nb, dtype=torch.int32, device=device).view(b, nb // b)
+    seq_lens = torch.full((b,), 256, dtype=torch.int32, device=device)
+    seen = []
+
+    class FakeKernel:
+        def __getitem__(self, grid):
+            def run(qn, qp, c_desc, pe_desc, bt, sl, o, lse, po, plse, *rest, SPLITS, **kw):
+                assert qn is q_nope and c_desc.block_shape == [64, 512] and pe_desc.block_shape == [64, 64]
+                seen.append((grid, SPLITS))
+                if SPLITS > 1:
+                    po.fill_(1.0)
+                    plse.fill_(0.0)
+                else:
+                    o.fill_(1.0)
+                    lse.fill_(0.0)
+            return run
+    fake = types.SimpleNamespace(_mla_decode_ws_kernel=FakeKernel(), _mla_decode_wgmma_kernel=FakeKernel())
+    monkeypatch.setattr(L, "_wgmma_module", lambda: fake)
+    monkeypatch.setattr(L, "wgmma_reason", lambda *a: None)
+    for splits in (1, 3):
+        out = torch.full((b, h, 512), float("nan"), device=device).to(torch.bfloat16)
+        lse = torch.full((b, h), float("nan"), device=device)
+        with L.TUNING.use(L.MlaTuning(splits=splits, wgmma_eager_min_work=0)):
+            L._mla_decode_wgmma(q_nope, q_pe, cache, table, seq_lens, out, lse, 0.1, 256, L.TUNING.active())
+        grid, used = seen[-1]  # the policy rounds a split to whole 64-token tiles: 3 asked -> 2 of 128
+        assert grid == (b, used) and used == (1 if splits == 1 else 2)
+        assert torch.all(out.float() == 1.0)
+        want = torch.log(torch.tensor(float(used)))
+        assert torch.allclose(lse.cpu(), want.expand(b, h), atol=1e-5), (splits, lse)

@@ -85,8 +85,9 @@ def _detail(p: Problem) -> str:
     why = wgmma_shape_reason(p.arch, p.device.type, p.dtype, getattr(torch, p["cache_dtype"]), p["heads"],
                              p["kv_lora_rank"], p["rope_dim"], p["block_size"], TUNING.active())
     if why is None:
-        return ("kernel: warp-specialized Gluon wgmma (sm_90), if the cache rows form one 16-byte aligned "
-                "2-D view (TMA); else the Triton kernel")
+        return ("kernel: warp-specialized Gluon wgmma (sm_90) under CUDA-graph capture, or eagerly from "
+                f"batch x heads x max_keys >= {TUNING.active().wgmma_eager_min_work} (its launch costs more host "
+                "time), if the cache rows form one 16-byte aligned 2-D view (TMA); else the Triton kernel")
     return f"kernel: Triton tl.dot (the sm_90 Gluon kernel {why})"
 
 

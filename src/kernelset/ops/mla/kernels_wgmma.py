@@ -65,13 +65,13 @@ def _issue_tile(c_desc, pe_desc, c_smem, pe_smem, bars, BT, bt_off, j, n_tiles, 
 
 
 @gluon.jit
-def _mla_decode_wgmma_kernel(c_desc, pe_desc, QN, QP, BT, SEQ, O, LSE, PO, PLSE,
+def _mla_decode_wgmma_kernel(QN, QP, c_desc, pe_desc, BT, SEQ, O, LSE, PO, PLSE,
                              s_mul, H, num_head_tiles, partition, num_blocks, max_keys,
                              stride_qnb, stride_qnh, stride_qpb, stride_qph, stride_bt,
                              R: gl.constexpr, P: gl.constexpr, BS: gl.constexpr, BLOCK_H: gl.constexpr,
-                             BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SPLITS: gl.constexpr,
-                             num_warps: gl.constexpr):
-    gl.static_assert(num_warps == 8)
+                             BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SPLITS: gl.constexpr):
+    # launched with num_warps=8 (two warpgroups)
+    num_warps: gl.constexpr = 8
     gl.static_assert(BLOCK_H == 64)
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                        instr_shape=[16, BLOCK_N // 2, 16])
@@ -334,13 +334,13 @@ def _ws_pv_wg(c_desc, pe_desc, c_smem, pe_smem, p_smem, a_smem, l_smem, bars,
 
 
 @gluon.jit
-def _mla_decode_ws_kernel(c_desc, pe_desc, QN, QP, BT, SEQ, O, LSE, PO, PLSE,
+def _mla_decode_ws_kernel(QN, QP, c_desc, pe_desc, BT, SEQ, O, LSE, PO, PLSE,
                           s_mul, H, num_head_tiles, partition, num_blocks, max_keys,
                           stride_qnb, stride_qnh, stride_qpb, stride_qph, stride_bt,
                           R: gl.constexpr, P: gl.constexpr, BS: gl.constexpr, BLOCK_H: gl.constexpr,
-                          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SPLITS: gl.constexpr,
-                          num_warps: gl.constexpr):
-    gl.static_assert(num_warps == 4)
+                          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SPLITS: gl.constexpr):
+    # launched with num_warps=4: the default partition (warpgroup 0); the worker adds warpgroup 1
+    num_warps: gl.constexpr = 4
     gl.static_assert(BLOCK_H == 64)
     ld_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
                                                warps_per_cta=[num_warps, 1], order=[1, 0])

@@ -45,6 +45,12 @@ class MlaTuning:
     # the Gluon wgmma kernel on sm_90 (kernels_wgmma.py): None = wherever it applies, False = never
     wgmma: bool | None = None
     wgmma_block_n: int = 64  # tokens per tile of the wgmma kernel (a divisor of the page size)
+    # eager calls (not under CUDA-graph capture) take the Gluon kernel only from this much work,
+    # batch x heads x max_keys (B64 ctx4096 at 128 heads is 2^25): Triton's launch of it costs
+    # 60-100 us more host time than FastKernel's launch of the Triton kernel on the lent H100 host
+    # (session 12 runs 9 and 11), which an eager call earns back only on large batches; calls under
+    # capture (how serving engines run decode) always take it
+    wgmma_eager_min_work: int = 1 << 24
     wgmma_ws: bool = True  # warp-specialized form (warpgroup 0: QK + softmax + PV half; 1: PV half + loads)
     wgmma_stages: int = 2  # cache tiles in flight (shared memory: 72 KB of queries + 72 KB per 64-token stage)
     min_partition: int = 256  # fewest tokens per split
@@ -159,8 +165,21 @@ def wgmma_reason(q_nope, q_pe, kv_cache, tuning: MlaTuning) -> str | None:
     return reason
 
 
-def _mla_decode_wgmma(q_nope, q_pe, kv_cache, block_table, seq_lens, out, lse, scale, max_keys, tuning: MlaTuning):
+@functools.lru_cache(maxsize=64)
+def _wgmma_policy_tuning(tuning: MlaTuning) -> MlaTuning:
+    """The split policy's view of the Gluon kernel's tiles (64 heads, wgmma_block_n tokens)."""
+    return dataclasses.replace(tuning, block_h=64, block_n=tuning.wgmma_block_n)
+
+
+@functools.lru_cache(maxsize=16)
+def _wgmma_layouts(bn: int, r: int, p_dim: int, dtype: torch.dtype):
+    """Shared-memory layouts of the TMA boxes (128-byte swizzle), built once per shape."""
     from triton.experimental.gluon import language as gl
+    gdt = gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
+    return (gl.NVMMASharedLayout.get_default_for([bn, r], gdt), gl.NVMMASharedLayout.get_default_for([bn, p_dim], gdt))
+
+
+def _mla_decode_wgmma(q_nope, q_pe, kv_cache, block_table, seq_lens, out, lse, scale, max_keys, tuning: MlaTuning):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     kw = _wgmma_module()
@@ -168,15 +187,12 @@ def _mla_decode_wgmma(q_nope, q_pe, kv_cache, block_table, seq_lens, out, lse, s
     p_dim = q_pe.shape[2]
     nb, bs, width = kv_cache.shape
     bn = tuning.wgmma_block_n
-    p = mla_policy(b, h, r, p_dim, max_keys, sm_count(q_nope.device), False,
-                   dataclasses.replace(tuning, block_h=64, block_n=bn))
-    gdt = gl.bfloat16 if q_nope.dtype == torch.bfloat16 else gl.float16
+    p = mla_policy(b, h, r, p_dim, max_keys, sm_count(q_nope.device), False, _wgmma_policy_tuning(tuning))
+    c_layout, pe_layout = _wgmma_layouts(bn, r, p_dim, q_nope.dtype)
     kv2d = kv_cache.view(nb * bs, width) if kv_cache.is_contiguous() else kv_cache.as_strided(
         (nb * bs, width), (kv_cache.stride(1), 1))
-    c_desc = TensorDescriptor(kv2d, [nb * bs, width], [kv_cache.stride(1), 1], [bn, r],
-                              gl.NVMMASharedLayout.get_default_for([bn, r], gdt))
-    pe_desc = TensorDescriptor(kv2d, [nb * bs, width], [kv_cache.stride(1), 1], [bn, p_dim],
-                               gl.NVMMASharedLayout.get_default_for([bn, p_dim], gdt))
+    c_desc = TensorDescriptor(kv2d, [nb * bs, width], [kv_cache.stride(1), 1], [bn, r], c_layout)
+    pe_desc = TensorDescriptor(kv2d, [nb * bs, width], [kv_cache.stride(1), 1], [bn, p_dim], pe_layout)
     if p.splits > 1:
         po = torch.empty((b, h, p.splits, r), dtype=torch.float32, device=q_nope.device)
         plse = torch.empty((b, h, p.splits), dtype=torch.float32, device=q_nope.device)
@@ -184,7 +200,7 @@ def _mla_decode_wgmma(q_nope, q_pe, kv_cache, block_table, seq_lens, out, lse, s
         po = plse = None
     kernel = kw._mla_decode_ws_kernel if tuning.wgmma_ws else kw._mla_decode_wgmma_kernel
     kernel[(b * p.head_tiles, p.splits)](
-        c_desc, pe_desc, q_nope, q_pe, block_table, seq_lens, out, lse, po, plse,
+        q_nope, q_pe, c_desc, pe_desc, block_table, seq_lens, out, lse, po, plse,
         scale * 1.4426950408889634, h, p.head_tiles, p.partition, nb, max_keys,
         q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), block_table.stride(0),
         R=r, P=p_dim, BS=bs, BLOCK_H=64, BLOCK_N=bn, STAGES=tuning.wgmma_stages, SPLITS=p.splits,
@@ -209,7 +225,9 @@ def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, kv_scale, m
     max_keys = min(max_seq_len, max_table * bs)
     fp8 = kv_cache.dtype == torch.float8_e4m3fn
     tuning = TUNING.active()
-    if wgmma_reason(q_nope, q_pe, kv_cache, tuning) is None:
+    if wgmma_reason(q_nope, q_pe, kv_cache, tuning) is None and (
+            b * h * max_keys >= tuning.wgmma_eager_min_work
+            or (q_nope.is_cuda and torch.cuda.is_current_stream_capturing())):
         _mla_decode_wgmma(q_nope, q_pe, kv_cache, block_table, seq_lens, out, lse, scale, max_keys, tuning)
         return out, lse
     p = mla_policy(b, h, r, p_dim, max_keys, sm_count(q_nope.device), fp8, tuning)
