@@ -355,7 +355,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
-from kernelset.ops.mla import kernels_wgmma as KW
+from kernelset.ops.mla import gluon_sm90 as KW
 
 out = []
 for ws, splits in ((True, 1), (True, 4), (False, 1)):

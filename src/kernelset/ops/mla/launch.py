@@ -42,7 +42,7 @@ class MlaTuning:
     lazy: bool = False
     prefetch_pages: bool | None = None  # force the block-table prefetch on or off (None: the policy decides)
     waves: float = 1.0  # programs wanted per SM before splitting stops (1 beat 2 by 1-6%)
-    # the Gluon wgmma kernel on sm_90 (kernels_wgmma.py): None = wherever it applies, False = never
+    # the Gluon wgmma kernel on sm_90 (gluon_sm90.py): None = wherever it applies, False = never
     wgmma: bool | None = None
     wgmma_block_n: int = 64  # tokens per tile of the wgmma kernel (a divisor of the page size)
     # eager calls (not under CUDA-graph capture) take the Gluon kernel only from this much work,
@@ -123,12 +123,12 @@ def mla_reduce_policy(splits: int) -> ReduceLaunch:
 
 @functools.lru_cache(maxsize=None)
 def _wgmma_module():
-    """kernels_wgmma, or None where Gluon's Hopper module does not import (old Triton, CPU-only builds)."""
+    """gluon_sm90, or None where Gluon's Hopper module does not import (old Triton, CPU-only builds)."""
     try:
-        from . import kernels_wgmma
+        from . import gluon_sm90
     except Exception:  # noqa: BLE001 - any import failure means the kernel is unavailable
         return None
-    return kernels_wgmma
+    return gluon_sm90
 
 
 def wgmma_shape_reason(arch, device_type: str, q_dtype: torch.dtype, cache_dtype: torch.dtype, heads: int,
