@@ -450,8 +450,6 @@ def test_gluon_launcher_merges_split_partials(monkeypatch, device):
     """The sm_90 launcher's host side on any machine: a stand-in for the Gluon kernel writes equal
     partials per split (out 1, log2-sum-exp 0); with splits the launcher must merge them (the
     paged-attention reduce kernel) into out = 1, lse = ln(splits); without, write out itself."""
-    import types
-
     b, h, bs, nb = 2, 64, 64, 8
     q_nope = torch.randn(b, h, 512, device=device).to(torch.bfloat16)
     q_pe = torch.randn(b, h, 64, device=device).to(torch.bfloat16)
@@ -472,8 +470,7 @@ def test_gluon_launcher_merges_split_partials(monkeypatch, device):
                     o.fill_(1.0)
                     lse.fill_(0.0)
             return run
-    fake = types.SimpleNamespace(_mla_decode_ws_kernel=FakeKernel(), _mla_decode_wgmma_kernel=FakeKernel())
-    monkeypatch.setattr(L, "_wgmma_module", lambda: fake)
+    monkeypatch.setattr(L, "_gluon_kernel", lambda ws: L.FastKernel(FakeKernel()))
     monkeypatch.setattr(L, "wgmma_reason", lambda *a: None)
     for splits in (1, 3):
         out = torch.full((b, h, 512), float("nan"), device=device).to(torch.bfloat16)

@@ -32,6 +32,25 @@ def test_key_separates_what_triton_specializes_on():
     assert _key(1e-6) == _key(1e-5) and _key(True) != _key(False) and _key(True) != _key(1)
 
 
+def test_key_separates_tma_descriptors():
+    """Host TMA descriptors (Gluon kernels): keyed on dtype, base alignment, block, layout, and each
+    shape and stride as 1 / divisible by 16, never on the address or the exact extents."""
+    hopper = pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    gl = pytest.importorskip("triton.experimental.gluon.language")
+    lay = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
+
+    def desc(t, block=(64, 64), layout=lay):
+        return hopper.TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), layout)
+    a = torch.randn(256, 128, dtype=torch.bfloat16)
+    assert _key(desc(a)) == _key(desc(torch.randn(256, 128, dtype=torch.bfloat16)))
+    assert _key(desc(a)) == _key(desc(torch.randn(512, 128, dtype=torch.bfloat16)))  # rows: 256, 512 both % 16
+    assert _key(desc(a)) != _key(desc(torch.randn(200, 128, dtype=torch.bfloat16)))  # 200 is not
+    assert _key(desc(a)) != _key(desc(torch.randn(256, 136, dtype=torch.bfloat16)[:, :128]))  # stride 136
+    assert _key(desc(a)) != _key(desc(a.half(), layout=gl.NVMMASharedLayout.get_default_for([64, 64], gl.float16)))
+    assert _key(desc(a)) != _key(desc(a, block=(32, 64), layout=gl.NVMMASharedLayout.get_default_for(
+        [32, 64], gl.bfloat16)))
+
+
 def test_key_includes_the_head():
     x = torch.randn(8)
     assert _fast_key((0, 4, None, True, ("BLOCK", 16)), (x,)) != _fast_key((0, 4, None, True, ("BLOCK", 32)), (x,))

@@ -16,7 +16,9 @@ launcher (the dispatcher has already checked that every tensor is on the kernel'
 Where the compiled kernel's launcher is a per-signature C function (Triton 3.6's
 ``__triton_launcher``) and needs no scratch memory, it is called directly with those addresses;
 other Triton versions go through ``CompiledKernel.run`` with the tensors, as Triton does.
-``KS_DIRECT_LAUNCH=0`` turns the direct call off. Installed launch hooks (profilers), the
+Gluon kernels (``triton.experimental.gluon``) take the same path; a host TMA descriptor argument
+(``TensorDescriptor``) is keyed on what Triton could specialize on and passed to
+``CompiledKernel.run``, whose launcher encodes it. ``KS_DIRECT_LAUNCH=0`` turns the direct call off. Installed launch hooks (profilers), the
 interpreter and a Triton without the expected attributes all take the ordinary path.
 """
 from __future__ import annotations
@@ -88,6 +90,15 @@ def _make_keyfn(types: tuple[type, ...]) -> Callable[[tuple, tuple], tuple[tuple
         elif t is type(None):
             key.append("None")
             out.append("None")
+        elif getattr(t, "__name__", "") == "TensorDescriptor":  # a host TMA descriptor (Gluon, tl)
+            # everything Triton could specialize on: element type, block, layout, base alignment,
+            # and each shape and stride as 1 / divisible by 16; the launcher encodes it per call
+            pre.append(f"b{i} = {a}.base")
+            key += [f"b{i}.dtype", f"b{i}.data_ptr() & 15 == 0", f"tuple({a}.block_shape)",
+                    f"getattr({a}, 'layout', None)", f"getattr({a}, 'padding', None)",
+                    f"tuple((s == 1) + 2 * (s & 15 == 0) for s in {a}.shape)",
+                    f"tuple((s == 1) + 2 * (s & 15 == 0) for s in {a}.strides)"]
+            out.append(a)
         elif t is int:
             key.append(f"({a} == 1) + 2 * ({a} & 15 == 0) + 4 * (-2147483648 <= {a} < 2147483648)")
             out.append(a)
@@ -137,7 +148,7 @@ class FastKernel:
         self.names = tuple(getattr(fn, "arg_names", ()))
         self.const = tuple(bool(getattr(p, "is_constexpr", False)) for p in params) if params else ()
         self.direct = (_knobs is not None and bool(self.names) and len(self.const) == len(self.names)
-                       and type(fn).__name__ == "JITFunction")
+                       and type(fn).__name__ in ("JITFunction", "GluonJITFunction"))
         # the fast key needs every constexpr passed by keyword and every other argument by position
         # (the others take the generic key, or Triton's own launch when a default is left out)
         self.first_const = self.const.index(True) if True in self.const else len(self.const)

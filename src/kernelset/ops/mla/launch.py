@@ -46,10 +46,10 @@ class MlaTuning:
     wgmma: bool | None = None
     wgmma_block_n: int = 64  # tokens per tile of the wgmma kernel (a divisor of the page size)
     # eager calls (not under CUDA-graph capture) take the Gluon kernel only from this much work,
-    # batch x heads x max_keys (B64 ctx4096 at 128 heads is 2^25): Triton's launch of it costs
-    # 60-100 us more host time than FastKernel's launch of the Triton kernel on the lent H100 host
-    # (session 12 runs 9 and 11), which an eager call earns back only on large batches; calls under
-    # capture (how serving engines run decode) always take it
+    # batch x heads x max_keys (B64 ctx4096 at 128 heads is 2^25): its launch (two TMA descriptors
+    # built and encoded per call) costs 20-65 us more host time than the Triton kernel's on the lent
+    # H100 host (session 12 run 12), which an eager call earns back only on large batches; calls
+    # under capture (how serving engines run decode) always take it
     wgmma_eager_min_work: int = 1 << 24
     wgmma_ws: bool = True  # warp-specialized form (warpgroup 0: QK + softmax + PV half; 1: PV half + loads)
     wgmma_stages: int = 2  # cache tiles in flight (shared memory: 72 KB of queries + 72 KB per 64-token stage)
@@ -179,10 +179,16 @@ def _wgmma_layouts(bn: int, r: int, p_dim: int, dtype: torch.dtype):
     return (gl.NVMMASharedLayout.get_default_for([bn, r], gdt), gl.NVMMASharedLayout.get_default_for([bn, p_dim], gdt))
 
 
+@functools.lru_cache(maxsize=None)
+def _gluon_kernel(ws: bool) -> FastKernel:
+    """The Gluon kernel behind a FastKernel, as every kernel of the package."""
+    kw = _wgmma_module()
+    return FastKernel(kw._mla_decode_ws_kernel if ws else kw._mla_decode_wgmma_kernel)
+
+
 def _mla_decode_wgmma(q_nope, q_pe, kv_cache, block_table, seq_lens, out, lse, scale, max_keys, tuning: MlaTuning):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    kw = _wgmma_module()
     b, h, r = q_nope.shape
     p_dim = q_pe.shape[2]
     nb, bs, width = kv_cache.shape
@@ -198,8 +204,7 @@ def _mla_decode_wgmma(q_nope, q_pe, kv_cache, block_table, seq_lens, out, lse, s
         plse = torch.empty((b, h, p.splits), dtype=torch.float32, device=q_nope.device)
     else:
         po = plse = None
-    kernel = kw._mla_decode_ws_kernel if tuning.wgmma_ws else kw._mla_decode_wgmma_kernel
-    kernel[(b * p.head_tiles, p.splits)](
+    _gluon_kernel(tuning.wgmma_ws)((b * p.head_tiles, p.splits),
         q_nope, q_pe, c_desc, pe_desc, block_table, seq_lens, out, lse, po, plse,
         scale * 1.4426950408889634, h, p.head_tiles, p.partition, nb, max_keys,
         q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), block_table.stride(0),
