@@ -482,3 +482,12 @@ def test_gluon_launcher_merges_split_partials(monkeypatch, device):
         assert torch.all(out.float() == 1.0)
         want = torch.log(torch.tensor(float(used)))
         assert torch.allclose(lse.cpu(), want.expand(b, h), atol=1e-5), (splits, lse)
+
+
+def test_gluon_import_failure_is_a_stated_reason(monkeypatch):
+    """A Triton whose Gluon does not import: the sm_90 kernel is rejected with the import error."""
+    monkeypatch.setattr(L, "_wgmma_import", lambda: (None, "ImportError: no gluon here"))
+    from kernelset.core import config
+    with config.override(triton_interpret=False):
+        why = L.wgmma_shape_reason((9, 0), "cuda", torch.bfloat16, torch.bfloat16, 128, 512, 64, 64, L.MlaTuning())
+    assert why == "Gluon (triton.experimental.gluon, Hopper) is not importable (ImportError: no gluon here)"

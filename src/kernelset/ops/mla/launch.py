@@ -122,13 +122,18 @@ def mla_reduce_policy(splits: int) -> ReduceLaunch:
 
 
 @functools.lru_cache(maxsize=None)
-def _wgmma_module():
-    """gluon_sm90, or None where Gluon's Hopper module does not import (old Triton, CPU-only builds)."""
+def _wgmma_import():
+    """(gluon_sm90, None), or (None, why) where Gluon's Hopper module does not import (a Triton
+    without Gluon, or one whose Gluon API moved): the why goes into the rejection reason."""
     try:
         from . import gluon_sm90
-    except Exception:  # noqa: BLE001 - any import failure means the kernel is unavailable
-        return None
-    return gluon_sm90
+    except Exception as exc:  # noqa: BLE001 - any import failure makes the kernel unavailable, with its reason
+        return None, f"{type(exc).__name__}: {exc}"
+    return gluon_sm90, None
+
+
+def _wgmma_module():
+    return _wgmma_import()[0]
 
 
 def wgmma_shape_reason(arch, device_type: str, q_dtype: torch.dtype, cache_dtype: torch.dtype, heads: int,
@@ -149,7 +154,7 @@ def wgmma_shape_reason(arch, device_type: str, q_dtype: torch.dtype, cache_dtype
     if block_size % tuning.wgmma_block_n:
         return f"needs a page size that is a multiple of {tuning.wgmma_block_n}"
     if _wgmma_module() is None:
-        return "Gluon (triton.experimental.gluon, Hopper) is not importable"
+        return f"Gluon (triton.experimental.gluon, Hopper) is not importable ({_wgmma_import()[1]})"
     return None
 
 
