@@ -201,3 +201,16 @@ def test_cli_plan_table_list_and_errors(capsys):
 def test_cli_plan_without_model_keeps_the_dispatch_plan(capsys):
     assert cli.main(["plan"]) == 0
     assert "dispatch plan on" in capsys.readouterr().out
+
+
+def test_plan_names_the_mla_kernel_per_gpu():
+    """The chosen implementation's detail reaches the plan: on an H100 MLA decode is the sm_90
+    Gluon kernel (where Gluon imports here), on an A100 the Triton kernel with the reason."""
+    from kernelset.core import config
+    from kernelset.ops.mla import launch as mla_launch
+    with config.override(triton_interpret=False):
+        h100 = _row(plan("deepseek-v3", gpu="h100"), "MLA decode").why
+        a100 = _row(plan("deepseek-v3", gpu="a100"), "MLA decode").why
+    gluon = mla_launch._wgmma_module() is not None
+    assert ("kernel: warp-specialized Gluon wgmma" if gluon else "kernel: Triton tl.dot") in h100
+    assert "kernel: Triton tl.dot (the sm_90 Gluon kernel needs sm_90" in a100

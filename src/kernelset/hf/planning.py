@@ -277,6 +277,11 @@ def choose(op: str | None, shape: dict[str, int], dt: torch.dtype, target: GPU) 
                 reason = f"needs {', '.join(impl.requires)} installed"
         if reason is None:
             why = f"priority {impl.priority}, arch {impl.arch}"
+            if impl.detail is not None and problem is not None:
+                try:  # which kernel the implementation runs there (mla_decode: the sm_90 Gluon kernel)
+                    why += "; " + impl.detail(problem)
+                except Exception as exc:  # noqa: BLE001 - a detail is commentary; say it failed
+                    why += f"; detail() raised {type(exc).__name__}"
             if problem is None:
                 why += "; supports() " + ("not modelled for this op" if args is None else note)
             if rejected:
