@@ -4,28 +4,15 @@ Usage (GPU machine): python scripts/mla_host.py"""
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 
-import kernelset as ks
 from kernelset.bench import timing
 from kernelset.ops.mla import launch as L
 from kernelset.ops.mla.bench import ADAPTERS
 
 KERNELS = {"default": L.MlaTuning(), "gluon-ws": L.MlaTuning(wgmma_eager_min_work=0),
            "triton": L.MlaTuning(wgmma=False)}
-
-
-def eager_us(fn, calls: int = 200) -> float:
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / calls * 1e6
 
 
 def main() -> None:
@@ -38,7 +25,7 @@ def main() -> None:
             for name, t in KERNELS.items():
                 with L.TUNING.use(t):
                     fn = ADAPTERS["mla_decode"].ours(inp, "fwd", "triton")
-                    res[name]["eager"].append(eager_us(fn))
+                    res[name]["eager"].append(timing.host_us_per_call(fn, calls=200))
                     g = timing.capture(fn, 20)
                     res[name]["graph"].append(timing.cuda_time_ms(g.replay, warmup=2, reps=10, min_ms=20.0) * 1e3 / 20)
         for name in KERNELS:

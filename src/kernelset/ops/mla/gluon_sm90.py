@@ -65,6 +65,63 @@ def _issue_tile(c_desc, pe_desc, c_smem, pe_smem, bars, BT, bt_off, j, n_tiles, 
 
 
 @gluon.jit
+def _tile_range(SEQ, b, split, partition, max_keys, BLOCK_N: gl.constexpr):
+    """(seq_len, start, end, tiles) of this program's KV split."""
+    seq_len = gl.load(SEQ + b)
+    hi = gl.minimum(seq_len, max_keys)
+    start = split * partition
+    end = gl.minimum(hi, start + partition)
+    n_tiles = (gl.maximum(end - start, 0) + BLOCK_N - 1) // BLOCK_N
+    return seq_len, start, end, n_tiles
+
+
+@gluon.jit
+def _load_queries(QN, QP, c_desc, pe_desc, b64, ht, H, stride_qnb, stride_qnh, stride_qpb, stride_qph,
+                  R: gl.constexpr, P: gl.constexpr, BLOCK_H: gl.constexpr, ld_layout: gl.constexpr):
+    """The head tile's q_nope [BLOCK_H, R] and q_pe [BLOCK_H, P] in shared memory (rows past H are 0),
+    in the layouts of the cache boxes they multiply."""
+    rows = ht * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld_layout))
+    rows_ok = rows < H
+    rr = gl.arange(0, R, layout=gl.SliceLayout(0, ld_layout))
+    pp = gl.arange(0, P, layout=gl.SliceLayout(0, ld_layout))
+    qn = gl.load(QN + b64 * stride_qnb + rows[:, None] * stride_qnh + rr[None, :], mask=rows_ok[:, None], other=0.0)
+    qp = gl.load(QP + b64 * stride_qpb + rows[:, None] * stride_qph + pp[None, :], mask=rows_ok[:, None], other=0.0)
+    qn_smem = gl.allocate_shared_memory(qn.dtype, [BLOCK_H, R], c_desc.layout, qn)
+    qp_smem = gl.allocate_shared_memory(qp.dtype, [BLOCK_H, P], pe_desc.layout, qp)
+    return qn_smem, qp_smem
+
+
+@gluon.jit
+def _zero_past_end(cs, n0, end, R: gl.constexpr, BLOCK_N: gl.constexpr, z_layout: gl.constexpr):
+    """The partial last tile: rows past the sequence hold whatever the page held (stale tokens, or
+    NaN bytes of a never-written page); zero them so P = 0 there meets 0, not NaN. 64 columns at a
+    time: few registers next to the accumulator."""
+    n_ld = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, z_layout))
+    keep = ((n0 + n_ld) < end)[:, None]
+    for k in gl.static_range(R // 64):
+        part = cs.slice(k * 64, 64, dim=1)
+        c_t = part.load(z_layout)
+        part.store(gl.where(keep, c_t, gl.zeros_like(c_t)))
+    fence_async_shared()
+    _cta_barrier()
+
+
+@gluon.jit
+def _online_softmax(s, m_i, l_i, s_mul, page_ok, n_ok):
+    """Scores of one tile -> (P, alpha, new row max, new row sum), base 2. A bad block id gives NaN
+    for the sequence (never a stray read); keys past the range get -inf."""
+    s = s * s_mul
+    s = gl.where(page_ok, s, float("nan"))
+    s = gl.where(n_ok[None, :], s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_use)
+    p = gl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_i
+
+
+@gluon.jit
 def _mla_decode_wgmma_kernel(QN, QP, c_desc, pe_desc, BT, SEQ, O, LSE, PO, PLSE,
                              s_mul, H, num_head_tiles, partition, num_blocks, max_keys,
                              stride_qnb, stride_qnh, stride_qpb, stride_qph, stride_bt,
@@ -87,12 +144,8 @@ def _mla_decode_wgmma_kernel(QN, QP, c_desc, pe_desc, BT, SEQ, O, LSE, PO, PLSE,
     ht = pid % num_head_tiles
     b = pid // num_head_tiles
     b64 = b.to(gl.int64)
-    seq_len = gl.load(SEQ + b)
+    seq_len, start, end, n_tiles = _tile_range(SEQ, b, split, partition, max_keys, BLOCK_N)
     bad_seq = seq_len > max_keys
-    hi = gl.minimum(seq_len, max_keys)
-    start = split * partition
-    end = gl.minimum(hi, start + partition)
-    n_tiles = (gl.maximum(end - start, 0) + BLOCK_N - 1) // BLOCK_N
     bt_off = b64 * stride_bt
 
     # cache stages first, so the first tiles are in flight while the queries load
@@ -105,14 +158,8 @@ def _mla_decode_wgmma_kernel(QN, QP, c_desc, pe_desc, BT, SEQ, O, LSE, PO, PLSE,
         _issue_tile(c_desc, pe_desc, c_smem, pe_smem, bars, BT, bt_off, i, n_tiles, start, num_blocks,
                     R, BS, BLOCK_N, STAGES)
 
-    rows = ht * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld_layout))
-    rows_ok = rows < H
-    rr = gl.arange(0, R, layout=gl.SliceLayout(0, ld_layout))
-    pp = gl.arange(0, P, layout=gl.SliceLayout(0, ld_layout))
-    qn = gl.load(QN + b64 * stride_qnb + rows[:, None] * stride_qnh + rr[None, :], mask=rows_ok[:, None], other=0.0)
-    qp = gl.load(QP + b64 * stride_qpb + rows[:, None] * stride_qph + pp[None, :], mask=rows_ok[:, None], other=0.0)
-    qn_smem = gl.allocate_shared_memory(dt, [BLOCK_H, R], c_desc.layout, qn)
-    qp_smem = gl.allocate_shared_memory(dt, [BLOCK_H, P], pe_desc.layout, qp)
+    qn_smem, qp_smem = _load_queries(QN, QP, c_desc, pe_desc, b64, ht, H, stride_qnb, stride_qnh, stride_qpb,
+                                     stride_qph, R, P, BLOCK_H, ld_layout)
     p_smem = gl.allocate_shared_memory(dt, [BLOCK_H, BLOCK_N], p_sl)
     fence_async_shared()
     _cta_barrier()
@@ -122,9 +169,6 @@ def _mla_decode_wgmma_kernel(QN, QP, c_desc, pe_desc, BT, SEQ, O, LSE, PO, PLSE,
     acc = gl.zeros([BLOCK_H, R], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
     n_idx = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    z_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
-                                              warps_per_cta=[num_warps, 1], order=[1, 0])
-    n_ld = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, z_layout))
 
     for j in range(0, n_tiles):
         st = j % STAGES
@@ -133,29 +177,13 @@ def _mla_decode_wgmma_kernel(QN, QP, c_desc, pe_desc, BT, SEQ, O, LSE, PO, PLSE,
         cs = c_smem.index(st)
         ps = pe_smem.index(st)
         if n0 + BLOCK_N > end:
-            # the partial last tile: rows past the sequence hold whatever the page held (stale
-            # tokens, or NaN bytes of a never-written page); zero them so P = 0 there meets 0, not NaN
-            keep = ((n0 + n_ld) < end)[:, None]
-            for k in gl.static_range(R // 64):  # 64 columns at a time: few registers next to acc
-                part = cs.slice(k * 64, 64, dim=1)
-                c_t = part.load(z_layout)
-                part.store(gl.where(keep, c_t, gl.zeros_like(c_t)))
-            fence_async_shared()
-            _cta_barrier()
+            _zero_past_end(cs, n0, end, R, BLOCK_N, ld_layout)
         page = gl.load(BT + bt_off + n0 // BS)
         page_ok = (page >= 0) & (page < num_blocks)
         s = warpgroup_mma(qn_smem, cs.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma(qp_smem, ps.permute((1, 0)), s, is_async=True)
         s, cs, ps = warpgroup_mma_wait(0, deps=(s, cs, ps))
-        s = s * s_mul
-        s = gl.where(page_ok, s, float("nan"))  # a bad block id: NaN for the sequence, never a stray read
-        s = gl.where(((n0 + n_idx) < end)[None, :], s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
+        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, s_mul, page_ok, (n0 + n_idx) < end)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p_smem.store(p.to(dt))
         fence_async_shared()
@@ -204,16 +232,6 @@ def _mla_decode_wgmma_kernel(QN, QP, c_desc, pe_desc, BT, SEQ, O, LSE, PO, PLSE,
 
 
 @gluon.jit
-def _ws_tile_args(SEQ, b, split, partition, max_keys, BLOCK_N: gl.constexpr):
-    seq_len = gl.load(SEQ + b)
-    hi = gl.minimum(seq_len, max_keys)
-    start = split * partition
-    end = gl.minimum(hi, start + partition)
-    n_tiles = (gl.maximum(end - start, 0) + BLOCK_N - 1) // BLOCK_N
-    return seq_len, start, end, n_tiles
-
-
-@gluon.jit
 def _ws_softmax_wg(c_desc, pe_desc, qn_smem, qp_smem, c_smem, pe_smem, p_smem, a_smem, l_smem, bars,
                    BT, SEQ, O, LSE, PO, PLSE, s_mul, H, b, ht, split, partition, num_blocks, max_keys, stride_bt,
                    R: gl.constexpr, BS: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -225,44 +243,27 @@ def _ws_softmax_wg(c_desc, pe_desc, qn_smem, qp_smem, c_smem, pe_smem, p_smem, a
     z_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
                                               warps_per_cta=[4, 1], order=[1, 0])
     dt: gl.constexpr = c_desc.dtype
-    kv_ready = bars.index(0)
-    seq_len, start, end, n_tiles = _ws_tile_args(SEQ, b, split, partition, max_keys, BLOCK_N)
+    seq_len, start, end, n_tiles = _tile_range(SEQ, b, split, partition, max_keys, BLOCK_N)
     bt_off = b.to(gl.int64) * stride_bt
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BLOCK_H, R // 2], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
     n_idx = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    n_ld = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, z_layout))
     for j in range(0, n_tiles):
         st = j % STAGES
         n0 = start + j * BLOCK_N
         mbarrier.wait(bars.index(st), (j // STAGES) & 1)  # kv_ready[st]
         cs = c_smem.index(st)
         ps = pe_smem.index(st)
-        if n0 + BLOCK_N > end:
-            # partial last tile: zero the rows past the sequence before either warpgroup's PV
-            keep = ((n0 + n_ld) < end)[:, None]
-            for k in gl.static_range(R // 64):
-                part = cs.slice(k * 64, 64, dim=1)
-                c_t = part.load(z_layout)
-                part.store(gl.where(keep, c_t, gl.zeros_like(c_t)))
-            fence_async_shared()
-            _cta_barrier()
+        if n0 + BLOCK_N > end:  # before either warpgroup's PV
+            _zero_past_end(cs, n0, end, R, BLOCK_N, z_layout)
         page = gl.load(BT + bt_off + n0 // BS)
         page_ok = (page >= 0) & (page < num_blocks)
         s = warpgroup_mma(qn_smem, cs.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma(qp_smem, ps.permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s, ))
-        s = s * s_mul
-        s = gl.where(page_ok, s, float("nan"))
-        s = gl.where(((n0 + n_idx) < end)[None, :], s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
+        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, s_mul, page_ok, (n0 + n_idx) < end)
         # the P buffer is free once warpgroup 1's PV of tile j-1 is done (phase starts complete)
         mbarrier.wait(bars.index(2 * STAGES + 1), (j & 1) ^ 1)  # p_free
         p_smem.store(p.to(dt))
@@ -310,7 +311,7 @@ def _ws_pv_wg(c_desc, pe_desc, c_smem, pe_smem, p_smem, a_smem, l_smem, bars,
               STAGES: gl.constexpr, SPLITS: gl.constexpr):
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, R // 2, 16])
-    seq_len, start, end, n_tiles = _ws_tile_args(SEQ, b, split, partition, max_keys, BLOCK_N)
+    seq_len, start, end, n_tiles = _tile_range(SEQ, b, split, partition, max_keys, BLOCK_N)
     bt_off = b.to(gl.int64) * stride_bt
     acc = gl.zeros([BLOCK_H, R // 2], gl.float32, layout=o_layout)
     for j in range(0, n_tiles):
@@ -352,7 +353,7 @@ def _mla_decode_ws_kernel(QN, QP, c_desc, pe_desc, BT, SEQ, O, LSE, PO, PLSE,
     ht = pid % num_head_tiles
     b = pid // num_head_tiles
     b64 = b.to(gl.int64)
-    seq_len, start, end, n_tiles = _ws_tile_args(SEQ, b, split, partition, max_keys, BLOCK_N)
+    seq_len, start, end, n_tiles = _tile_range(SEQ, b, split, partition, max_keys, BLOCK_N)
 
     # barriers: kv_ready[STAGES], kv_free[STAGES], p_ready, p_free, done
     bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES + 3, 1], mbarrier.MBarrierLayout())
@@ -363,14 +364,8 @@ def _mla_decode_ws_kernel(QN, QP, c_desc, pe_desc, BT, SEQ, O, LSE, PO, PLSE,
     for i in gl.static_range(STAGES):
         _issue_tile(c_desc, pe_desc, c_smem, pe_smem, bars, BT, b64 * stride_bt, i, n_tiles, start, num_blocks,
                     R, BS, BLOCK_N, STAGES)
-    rows = ht * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld_layout))
-    rows_ok = rows < H
-    rr = gl.arange(0, R, layout=gl.SliceLayout(0, ld_layout))
-    pp = gl.arange(0, P, layout=gl.SliceLayout(0, ld_layout))
-    qn = gl.load(QN + b64 * stride_qnb + rows[:, None] * stride_qnh + rr[None, :], mask=rows_ok[:, None], other=0.0)
-    qp = gl.load(QP + b64 * stride_qpb + rows[:, None] * stride_qph + pp[None, :], mask=rows_ok[:, None], other=0.0)
-    qn_smem = gl.allocate_shared_memory(dt, [BLOCK_H, R], c_desc.layout, qn)
-    qp_smem = gl.allocate_shared_memory(dt, [BLOCK_H, P], pe_desc.layout, qp)
+    qn_smem, qp_smem = _load_queries(QN, QP, c_desc, pe_desc, b64, ht, H, stride_qnb, stride_qnh, stride_qpb,
+                                     stride_qph, R, P, BLOCK_H, ld_layout)
     p_smem = gl.allocate_shared_memory(dt, [BLOCK_H, BLOCK_N], p_sl)
     a_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], v_layout)
     l_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], v_layout)
