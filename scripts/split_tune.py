@@ -28,6 +28,12 @@ if "--narrow" in sys.argv[1:]:
 WARPS = (8,) if QUICK else (4, 8, 16)
 if "--narrow" in sys.argv[1:]:
     WARPS = (4, 8)
+if "--fwd" in sys.argv[1:]:  # the forward bar shapes and cross-entropy only, chunks 4096/8192, 2-8 warps
+    CHUNKS, WARPS = (4096, 8192), (2, 4, 8)
+FWD_ONLY = "--fwd" in sys.argv[1:]
+NORM_ONLY = "--norm" in sys.argv[1:]  # the norm cases only (rms_norm 1024x262144 and 2048x131072, layer_norm)
+if NORM_ONLY:
+    CHUNKS, WARPS = (8192, 16384), (4, 8, 16)
 
 
 def time_pct(fn, nbytes, copy):
@@ -66,7 +72,8 @@ def main() -> int:
          lambda c=c, w=w: norm_policy.use(dataclasses.replace(base_n, split_chunk_fwd=c, split_warps_fwd=w,
                                                               split_min_fwd=0)))
         for c, w in itertools.product(CHUNKS, WARPS)]
-    for m, n in ((1024, 262144), (2048, 131072), (4096, 65536)):
+    for m, n in ((1024, 262144),) if FWD_ONLY else ((1024, 262144), (2048, 131072)) if NORM_ONLY else (
+            (1024, 262144), (2048, 131072), (4096, 65536)):
         x = torch.randn(m, n, dtype=torch.bfloat16, device=dev)
         w = torch.randn(n, dtype=torch.bfloat16, device=dev)
         ref = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)) * w.float()
@@ -74,15 +81,18 @@ def main() -> int:
                   lambda y: rel_err(y, ref))
         summary.append((f"rms_norm fwd {m}x{n}", b))
         del ref
-    m, n = 1024, 262144
-    x = torch.randn(m, n, dtype=torch.bfloat16, device=dev) + 1
-    w = torch.randn(n, dtype=torch.bfloat16, device=dev)
-    ref = torch.nn.functional.layer_norm(x.float(), (n,), w.float(), w.float(), 1e-5)
-    b = sweep(f"layer_norm fwd {m}x{n}", 4 * m * n, copy, norm_variants, lambda: ks.layer_norm(x, w, w),
-              lambda y: rel_err(y, ref))
-    summary.append((f"layer_norm fwd {m}x{n}", b))
-    del x, ref
+    if not FWD_ONLY:
+        m, n = 1024, 262144
+        x = torch.randn(m, n, dtype=torch.bfloat16, device=dev) + 1
+        w = torch.randn(n, dtype=torch.bfloat16, device=dev)
+        ref = torch.nn.functional.layer_norm(x.float(), (n,), w.float(), w.float(), 1e-5)
+        b = sweep(f"layer_norm fwd {m}x{n}", 4 * m * n, copy, norm_variants, lambda: ks.layer_norm(x, w, w),
+                  lambda y: rel_err(y, ref))
+        summary.append((f"layer_norm fwd {m}x{n}", b))
+        del x, ref
 
+    if NORM_ONLY:
+        return _summary(summary)
     base_s = sm_launch.SoftmaxTuning()
     sm_variants = [("looped", lambda: sm_launch.use(dataclasses.replace(base_s, split_chunk_fwd=0,
                                                                          split_chunk_bwd=0)))] + [
@@ -91,7 +101,8 @@ def main() -> int:
                                                             split_warps=w, split_min_fwd=0, split_min_bwd=0)))
         for c, w in itertools.product(CHUNKS, WARPS)]
     from kernelset.ops.softmax.launch import softmax_bwd
-    for m, n in ((8192, 16384), (4096, 32768), (4096, 65536), (4096, 131072), (1024, 262144)):
+    for m, n in ((4096, 131072),) if FWD_ONLY else ((8192, 16384), (4096, 32768), (4096, 65536), (4096, 131072),
+                                                    (1024, 262144)):
         x = torch.randn(m, n, dtype=torch.bfloat16, device=dev)
         if n == 131072:
             ref = torch.softmax(x.float(), -1)
@@ -99,6 +110,9 @@ def main() -> int:
                       lambda y: rel_err(y, ref))
             summary.append((f"softmax fwd {m}x{n}", b))
             del ref
+        if FWD_ONLY:
+            del x
+            continue
         y = torch.softmax(x.float(), -1).to(torch.bfloat16)
         dy = torch.randn_like(y)
         yf = y.float()
@@ -122,6 +136,10 @@ def main() -> int:
                   lambda: torch.autograd.grad(ks.cross_entropy(x, t), (x,))[0], lambda g: rel_err(g, gref))
         summary.append((f"cross_entropy fwd+bwd {m}x{v}", b))
         del x, xr, gref
+    return _summary(summary)
+
+
+def _summary(summary):
     print("\nbest per case (bytes: norm/softmax fwd read x + write y; softmax bwd read dy, y + write dx; "
           "cross-entropy read logits + write the gradient)")
     for name, b in summary:

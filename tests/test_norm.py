@@ -396,3 +396,53 @@ def test_split_forward_runs_and_has_one_launch_form(device, monkeypatch):
         assert {p for _, p in grids} == {0, 1, 2}
     for a, b in zip(one, two):
         assert torch.equal(a, b)
+
+
+_SPLIT_AOT = r"""
+import json, re, subprocess, tempfile, os
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
+from triton.compiler import ASTSource
+from kernelset.ops.norm import kernels as K
+from kernelset.ops.norm.policy import DEFAULT_TUNING, fwd_split_policy
+
+sp = fwd_split_policy(262144, 132, DEFAULT_TUNING)
+P = "*bf16"
+sig = dict(X=P, R=P, W=P, B=P, Y=P, H=P, MEAN="*fp32", RSTD="*fp32", PART="*fp32", SYNC="*i32", M="i32", N="i32",
+           split="i32", stride_x="i32", stride_r="i32", stride_y="i32", stride_h="i32", eps="fp32", offset="fp32")
+out = []
+for rms in (True, False):
+    consts = dict(IS_RMS=rms, HAS_RESIDUAL=False, HAS_WEIGHT=True, HAS_BIAS=not rms, GEMMA_CAST=False,
+                  STORE_STATS=False, CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PHASE=0)
+    attrs = {(k,): [["tt.divisibility", 16]] for k, (name, ty) in enumerate(sig.items())
+             if ty.startswith("*") or name == "N" or name.startswith("stride")}
+    src = ASTSource(K._norm_fwd_split_kernel, signature={**sig, **{k: "constexpr" for k in consts}},
+                    constexprs=consts, attrs=attrs)
+    c = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=sp.num_warps, enable_fp_fusion=False))
+    ptx = c.asm["ptx"]
+    with tempfile.TemporaryDirectory() as d:
+        open(os.path.join(d, "k.ptx"), "w").write(ptx)
+        rep = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", os.path.join(d, "k.ptx"), "-o",
+                              os.path.join(d, "k.o")], capture_output=True, text=True).stderr
+    out.append(dict(case=f"split-rms{rms}", local="ld.local" in ptx or "st.local" in ptx, vec=".v4" in ptx,
+                    regs=int(re.search(r"Used (\d+) registers", rep).group(1)), chunk=sp.chunk, warps=sp.num_warps,
+                    evict_first="evict_first" in ptx, streaming="st.global.cs" in ptx))
+print(json.dumps(out))
+"""
+
+
+def test_split_forward_keeps_its_chunk_16_bit():
+    """The split forward at the 262144-wide bar shape, compiled for sm_90 with this machine's Triton:
+    the bf16 chunk stays bf16 across the row barrier (``rowsync.rewiden``), so RMSNorm fits in at
+    most 80 registers per thread at 8192 columns / 4 warps (103 with an fp32 copy held: 4 programs
+    per SM instead of 7); the chunk is loaded evict-first and y stored streaming."""
+    from aot import compile_report
+
+    results = compile_report(_SPLIT_AOT, 2)
+    for r in results:
+        assert (r["chunk"], r["warps"]) == (8192, 4), r
+        assert r["evict_first"] and r["streaming"], r
+    rms = next(r for r in results if r["case"] == "split-rmsTrue")
+    assert rms["regs"] <= 80, rms

@@ -37,7 +37,10 @@ class NormTuning:
     # statistics (ops/rowsync.py), so x is read once at any width; 0 turns it off. H100
     # (scripts/split_tune.py, 2026-11-25 s10):
     # 1024x262144 81.8% of copy against the looped 67.6%; at 4096x65536 the looped one wins (93.6%
-    # against 82.7%: its second pass still finds the row in L2), hence the threshold
+    # against 82.7%: its second pass still finds the row in L2), hence the threshold. Session 13
+    # (the chunk kept bf16 across the barrier, cache hints; scripts/split_tune.py --norm,
+    # norm_split_variants.py): 89.3-92.0% at 1024x262144; 8192 x 4 warps stays the best (16384 x 8
+    # 87.5%, 8192 x 8 88.5%, 4096 x 2-4 72-74%)
     split_chunk_fwd: int = 8192
     split_warps_fwd: int = 4
     split_min_fwd: int = 131072

@@ -42,6 +42,10 @@ class SoftmaxTuning:
     # - backward: 95.6% against 74.7% at 4096x131072, 94.5 / 65.7% at 1024x262144; the looped
     #   kernel wins at 32768-65536 (97.3 / 92.1%), so from 131072.
     # The C ABI mirrors the forward's choice (capi/aot/ops/softmax.py).
+    # Session 13 (scripts/norm_split_variants.py): the forward's chunk load evict-first and y
+    # streamed, 4096x131072 86.7 -> 89.5-89.8% of copy (87.8-88.1% while another large written
+    # buffer is mapped; `ksctl bench` 86.9%); 8 warps 84.0%, chunk 16384 x 8 80.2%, 4096 x 4
+    # 80.7%. Keeping the chunk bf16 across the barrier (as the norm does) was slower here (79.9%).
     split_chunk_fwd: int = 8192
     split_chunk_bwd: int = 8192
     split_min_fwd: int = 0
