@@ -48,6 +48,12 @@ KERNELS = {
                       ("split_chunk", "split_warps")),
 }
 INV_S = ("y = tl.exp2((z - m) * 1.4426950408889634) / s", "y = tl.exp2((z - m) * 1.4426950408889634) * (1.0 / s)")
+# softmax with the chunk kept 16-bit across the barrier, as the norm does (rowsync.rewiden)
+SM_16BIT = (("z = tl.load(X + row * stride_x + cols", "xin = tl.load(X + row * stride_x + cols"),
+            (".to(tl.float32) * inv_t\n    if PHASE != 2:", "\n    z = xin.to(tl.float32) * inv_t\n    if PHASE != 2:"),
+            ("s = rowsync.tree_sum(ps * tl.exp2((pm - m) * 1.4426950408889634), SPLIT_P2)",
+             "s = rowsync.tree_sum(ps * tl.exp2((pm - m) * 1.4426950408889634), SPLIT_P2)\n"
+             "        z = rowsync.rewiden(xin, PHASE) * inv_t"))
 W_LAST = ("w = tl.load(W + cols, mask=m, other=0.0)", 'w = tl.load(W + cols, mask=m, other=0.0, eviction_policy="evict_last")')
 # op: [(label, evict_first, .cs, extra edits, chunk, warps)]; chunk None: the shipped tuning
 VARIANTS = {
@@ -57,7 +63,9 @@ VARIANTS = {
     "softmax": [("plain", 0, 0, (), None, None), ("hints", 1, 1, (), None, None),
                 ("hints, y = e * (1 / s)", 1, 1, (INV_S,), None, None),
                 ("plain, y = e * (1 / s)", 0, 0, (INV_S,), None, None),
-                ("hints, 1 / s, 8 warps", 1, 1, (INV_S,), 8192, 8)],
+                ("hints, 1 / s, 8 warps", 1, 1, (INV_S,), 8192, 8),
+                ("hints, chunk kept bf16", 1, 1, SM_16BIT, None, None),
+                ("hints, chunk kept bf16, 1 / s", 1, 1, SM_16BIT + (INV_S,), None, None)],
     "cross_entropy": [("looped (shipped)", 0, 0, (), 0, None), ("split plain", 0, 0, (), 8192, 4),
                       ("split hints", 1, 1, (), 8192, 4), ("split hints 8 warps", 1, 1, (), 8192, 8)],
 }
