@@ -28,6 +28,25 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _max_sumexp(x_row, head, N, n_tail, HOLD: tl.constexpr, BLOCK: tl.constexpr):
+    """Pass 1 of the row: (max, sum of exp(x - max)) over the held head, then online over the tail
+    chunks, the next chunk's load in flight while this one reduces."""
+    cols0 = tl.arange(0, BLOCK)
+    x_next = tl.load(x_row + HOLD + cols0, mask=HOLD + cols0 < N, other=-float("inf"), eviction_policy="evict_last")
+    zh = head.to(tl.float32)
+    m = tl.max(zh, axis=0)
+    s = tl.sum(tl.exp2((zh - m) * 1.4426950408889634), axis=0)
+    for i in range(0, n_tail):
+        cols = HOLD + i * BLOCK + cols0
+        z = x_next.to(tl.float32)
+        x_next = tl.load(x_row + cols + BLOCK, mask=cols + BLOCK < N, other=-float("inf"), eviction_policy="evict_last")
+        m_new = tl.maximum(m, tl.max(z, axis=0))
+        s = s * tl.exp2((m - m_new) * 1.4426950408889634) + tl.sum(tl.exp2((z - m_new) * 1.4426950408889634), axis=0)
+        m = m_new
+    return m, s
+
+
+@triton.jit
 def _ce_hold_kernel(X, T, DX, LOSS, M, V, stride_x, scale, HOLD: tl.constexpr, BLOCK: tl.constexpr):
     hc = tl.arange(0, HOLD)
     cols0 = tl.arange(0, BLOCK)
@@ -38,20 +57,7 @@ def _ce_hold_kernel(X, T, DX, LOSS, M, V, stride_x, scale, HOLD: tl.constexpr, B
         t = tl.load(T + row).to(tl.int64)
         xt = tl.load(x_row + t).to(tl.float32)
         head = tl.load(x_row + hc)
-        x_next = tl.load(x_row + HOLD + cols0, mask=HOLD + cols0 < V, other=-float("inf"),
-                         eviction_policy="evict_last")
-        zh = head.to(tl.float32)
-        m = tl.max(zh, axis=0)
-        s = tl.sum(tl.exp2((zh - m) * 1.4426950408889634), axis=0)
-        for i in range(0, n_tail):
-            cols = HOLD + i * BLOCK + cols0
-            z = x_next.to(tl.float32)
-            x_next = tl.load(x_row + cols + BLOCK, mask=cols + BLOCK < V, other=-float("inf"),
-                             eviction_policy="evict_last")
-            m_new = tl.maximum(m, tl.max(z, axis=0))
-            s = s * tl.exp2((m - m_new) * 1.4426950408889634) + tl.sum(tl.exp2((z - m_new) * 1.4426950408889634),
-                                                                       axis=0)
-            m = m_new
+        m, s = _max_sumexp(x_row, head, V, n_tail, HOLD, BLOCK)
         lse = m + tl.log2(s) * 0.6931471805599453
         tl.store(LOSS + row, (lse - xt) * scale)
         lse2 = lse * 1.4426950408889634
@@ -81,20 +87,7 @@ def _softmax_hold_kernel(X, Y, M, N, stride_x, stride_y, HOLD: tl.constexpr, BLO
         x_row = X + tl.cast(row, tl.int64) * stride_x
         y_row = Y + tl.cast(row, tl.int64) * stride_y
         head = tl.load(x_row + hc)
-        x_next = tl.load(x_row + HOLD + cols0, mask=HOLD + cols0 < N, other=-float("inf"),
-                         eviction_policy="evict_last")
-        zh = head.to(tl.float32)
-        m = tl.max(zh, axis=0)
-        s = tl.sum(tl.exp2((zh - m) * 1.4426950408889634), axis=0)
-        for i in range(0, n_tail):
-            cols = HOLD + i * BLOCK + cols0
-            z = x_next.to(tl.float32)
-            x_next = tl.load(x_row + cols + BLOCK, mask=cols + BLOCK < N, other=-float("inf"),
-                             eviction_policy="evict_last")
-            m_new = tl.maximum(m, tl.max(z, axis=0))
-            s = s * tl.exp2((m - m_new) * 1.4426950408889634) + tl.sum(tl.exp2((z - m_new) * 1.4426950408889634),
-                                                                       axis=0)
-            m = m_new
+        m, s = _max_sumexp(x_row, head, N, n_tail, HOLD, BLOCK)
         inv_s = 1.0 / s
         last = HOLD + (n_tail - 1) * BLOCK + cols0
         x_next = tl.load(x_row + last, mask=(last >= HOLD) & (last < N), other=-float("inf"),

@@ -72,8 +72,9 @@ def main() -> int:
          lambda c=c, w=w: norm_policy.use(dataclasses.replace(base_n, split_chunk_fwd=c, split_warps_fwd=w,
                                                               split_min_fwd=0)))
         for c, w in itertools.product(CHUNKS, WARPS)]
-    for m, n in ((1024, 262144),) if FWD_ONLY else ((1024, 262144), (2048, 131072)) if NORM_ONLY else (
-            (1024, 262144), (2048, 131072), (4096, 65536)):
+    norm_shapes = ((1024, 262144), (2048, 131072), (4096, 65536))
+    norm_shapes = norm_shapes[:1] if FWD_ONLY else norm_shapes[:2] if NORM_ONLY else norm_shapes
+    for m, n in norm_shapes:
         x = torch.randn(m, n, dtype=torch.bfloat16, device=dev)
         w = torch.randn(n, dtype=torch.bfloat16, device=dev)
         ref = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)) * w.float()
