@@ -33,15 +33,18 @@ CASES = [
     ("strided-3d", (2, 3, 64), "slice", "a [B, S, :64] slice of [B, S, 100]"),
     ("looped", (3, 1000), "looped", "long-row kernels, forced on a small row"),
     ("looped-odd", (2, 777), "looped", "long-row kernels with a ragged last chunk"),
-    ("split", (3, 1000), "split", "the split forward (a row over 8 programs), forced on a small row"),
-    ("split-odd", (2, 777), "split", "split forward with a ragged last chunk, 7 programs per row"),
-    ("split-strided", (3, 600), "split-slice", "split forward over rows of a wider tensor"),
+    ("split", (3, 1000), "split", "the split kernels (a row over 8 programs), forced on a small row"),
+    ("split-odd", (2, 777), "split", "split kernels with a ragged last chunk, 7 programs per row"),
+    ("split-strided", (3, 600), "split-slice", "split kernels over rows of a wider tensor"),
 ]
 
 SMALL_TUNING = dataclasses.replace(policy.DEFAULT_TUNING, max_block_fwd=256, max_block_bwd=256, looped_block=128,
-                                   looped_block_fwd=128, dwdb_block_m=2, dwdb_block_n=64, split_chunk_fwd=0)
-# the split forward instead of the looped one (the backward stays looped)
-SPLIT_TUNING = dataclasses.replace(SMALL_TUNING, split_chunk_fwd=128, split_min_fwd=0)
+                                   looped_block_fwd=128, dwdb_block_m=2, dwdb_block_n=64, split_chunk_fwd=0,
+                                   split_chunk_bwd=0)
+# the split forward and backward instead of the looped ones (backward: blocks of 2 rows, so the
+# 3-row cases have a ragged last block)
+SPLIT_TUNING = dataclasses.replace(SMALL_TUNING, split_chunk_fwd=128, split_min_fwd=0, split_chunk_bwd=128,
+                                   split_rows_bwd=2)
 
 
 def _make_x(shape, how, dtype, device):
@@ -398,6 +401,71 @@ def test_split_forward_runs_and_has_one_launch_form(device, monkeypatch):
         assert torch.equal(a, b)
 
 
+def test_split_backward_runs_and_has_one_launch_form(device, monkeypatch):
+    """The split tuning launches the split backward (on a GPU blocks of 2 rows, 8 programs per row, a
+    ragged last block), its gradients through autograd match the looped backward's (fp32 x: the
+    two sum in different orders), and on a GPU its one-launch form gives the two-launch form's
+    bits (called directly: autograd runs a CUDA backward on its own thread, outside the
+    two_launches context)."""
+    from kernelset.core.arch import sm_count
+    from kernelset.ops import rowsync
+    from kernelset.ops.norm import launch as L
+
+    grids = []
+    real = L._bwd_split
+    monkeypatch.setattr(L, "_bwd_split", lambda grid, *a, **kw: (grids.append((grid, kw["PHASE"])), real(grid, *a, **kw))[1])
+    x = torch.randn(5, 1000, device=device)
+    r = torch.randn_like(x)
+    w = torch.randn(1000, device=device)
+    b = torch.randn(1000, device=device)
+    dy = torch.randn_like(x)
+
+    def grads():
+        out = []
+        for op in ("rms", "ln", "add"):
+            xs, ws, bs, rs = (t.clone().requires_grad_() for t in (x, w, b, r))
+            if op == "rms":
+                y = ks.rms_norm(xs, ws, backend="triton")
+            elif op == "ln":
+                y = ks.layer_norm(xs, ws, bs, backend="triton")
+            else:
+                y = ks.fused_add_rms_norm(xs, rs, ws, backend="triton").out
+            y.backward(dy)
+            out += [xs.grad, ws.grad] + ([bs.grad] if op == "ln" else []) + ([rs.grad] if op == "add" else [])
+        return out
+
+    with policy.use(SMALL_TUNING):
+        looped = grads()
+    assert not grids
+    with policy.use(SPLIT_TUNING):
+        split = grads()
+    sp, rows = policy.bwd_split_policy(1000, sm_count(device), SPLIT_TUNING)
+    assert sp.split > 1 and rows >= 1  # several programs per row (8 x 2 rows on a GPU, 4 x 1 here)
+    assert grids and all(g == (-(-5 // rows) * sp.split,) for g, _ in grids), grids
+    for i, (a, c) in enumerate(zip(split, looped)):
+        assert rel_err(a, c) < 1e-5, f"gradient {i}: split vs looped rel err {rel_err(a, c):.2e}"
+
+    xb, dyb, wb = (t.to(torch.bfloat16) for t in (x, dy, w))
+    xf = xb.float()
+    rstd = torch.rsqrt(xf.pow(2).mean(-1) + 1e-6)
+    mean = xf.mean(-1)
+    lrstd = torch.rsqrt(xf.var(-1, unbiased=False) + 1e-5)
+
+    def direct():
+        return [*L.norm_bwd(dyb, xb, wb, None, rstd, is_rms=True, gemma_cast=False, has_bias=False)[:2],
+                *L.norm_bwd(dyb, xb, wb, mean, lrstd, is_rms=False, gemma_cast=False, has_bias=True)]
+
+    grids.clear()
+    with policy.use(SPLIT_TUNING):
+        one = direct()
+        with rowsync.two_launches():
+            two = direct()
+    if device.type == "cuda":
+        assert {p for _, p in grids} == {0, 1, 2}
+    for i, (a, b_) in enumerate(zip(one, two)):
+        assert torch.equal(a, b_), f"output {i}: one launch != two launches"
+
+
 _SPLIT_AOT = r"""
 import json, re, subprocess, tempfile, os
 import triton
@@ -431,6 +499,59 @@ for rms in (True, False):
                     evict_first="evict_first" in ptx, streaming="st.global.cs" in ptx))
 print(json.dumps(out))
 """
+
+
+_SPLIT_BWD_AOT = r"""
+import json, re, subprocess, tempfile, os
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
+from triton.compiler import ASTSource
+from kernelset.ops.norm import kernels as K
+from kernelset.ops.norm.policy import DEFAULT_TUNING, bwd_split_policy
+
+P = "*bf16"
+sig = dict(DY=P, X=P, W=P, MEAN="*fp32", RSTD="*fp32", DRES=P, DX=P, DW_PART="*fp32", DB_PART="*fp32", PART="*fp32",
+           SYNC="*i32", M="i32", N="i32", split="i32", stride_dy="i32", stride_x="i32", stride_dres="i32",
+           stride_dx="i32", offset="fp32")
+out = []
+for n in (16384, 65536):
+    sp, rows = bwd_split_policy(n, 132, DEFAULT_TUNING)
+    for rms in (True, False):
+        consts = dict(IS_RMS=rms, HAS_WEIGHT=True, HAS_BIAS=not rms, HAS_DRES=False, GEMMA_CAST=False, ROWS=rows,
+                      CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PHASE=0)
+        attrs = {(k,): [["tt.divisibility", 16]] for k, (name, ty) in enumerate(sig.items())
+                 if ty.startswith("*") or name == "N" or name.startswith("stride")}
+        src = ASTSource(K._norm_bwd_split_kernel, signature={**sig, **{k: "constexpr" for k in consts}},
+                        constexprs=consts, attrs=attrs)
+        c = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                           options=dict(num_warps=sp.num_warps, enable_fp_fusion=False))
+        with tempfile.TemporaryDirectory() as d:
+            open(os.path.join(d, "k.ptx"), "w").write(c.asm["ptx"])
+            rep = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", os.path.join(d, "k.ptx"), "-o",
+                                  os.path.join(d, "k.o")], capture_output=True, text=True).stderr
+        spill = re.search(r"(\d+) bytes spill stores", rep)
+        ptx = c.asm["ptx"]
+        out.append(dict(case=f"n{n}-rms{rms}", split=sp.split, rows=rows, chunk=sp.chunk,
+                        local="ld.local" in ptx or "st.local" in ptx, vec=".v4" in ptx,
+                        regs=int(re.search(r"Used (\d+) registers", rep).group(1)),
+                        spill=int(spill.group(1)) if spill else -1))
+print(json.dumps(out))
+"""
+
+
+def test_split_backward_compiles_without_spills():
+    """The split backward at the default tuning (8 rows x 1024 columns, 4 warps), compiled for
+    sm_90 with this machine's Triton and ptxas: no spills (Triton 3.6: 156 / 160 registers for
+    RMSNorm / LayerNorm, 3 programs per SM; 3.9: 166 / 195), and a block of at most one program
+    per SM. LayerNorm's two slots reduced by two separate trees made ptxas fall to 32 registers
+    and 18 KB of stack."""
+    from aot import compile_report
+
+    results = compile_report(_SPLIT_BWD_AOT, 4)
+    for r in results:
+        assert (r["rows"], r["chunk"]) == (8, 1024) and r["split"] <= 132, r
+        assert r["spill"] == 0, r
 
 
 def test_split_forward_keeps_its_chunk_16_bit():

@@ -26,6 +26,11 @@ Two ways to run the same kernel (``PHASE``, a constexpr):
   program waiting for a later one would never return), and a fallback where co-residency cannot
   be assumed.
 
+A program may also cover a block of rows (``publish_rows`` / ``gather_rows``: the norm backward
+holds tiles of 8 rows): its partials are ``[ROWS]`` vectors stored by many threads, so a CTA
+barrier orders those stores before the one release that counts the program in, and the counter
+is per block of rows.
+
 Partials are combined in chunk order with a fixed pairwise tree (``tree_sum``), never with
 floating-point atomics, so a result does not depend on timing or on the layout the compiler
 gives the partials, and the launchers turn FMA contraction off: the two forms give the same bits
@@ -105,6 +110,67 @@ def gather(PART, SYNC, row, split, NSLOT: tl.constexpr, SPLIT_P2: tl.constexpr, 
     if NSLOT > 3:
         d = tl.load(base + 3 * SPLIT_P2, mask=ok, other=0.0, volatile=True)
     return a, b, c, d
+
+
+@triton.jit
+def publish_rows(PART, SYNC, blk, chunk, a, b, ROWS: tl.constexpr, NSLOT: tl.constexpr, SPLIT_P2: tl.constexpr,
+                 PHASE: tl.constexpr):
+    """The block form of ``publish``: a program covering ROWS rows of one chunk stores one or two
+    ``[ROWS]`` partial vectors to ``PART[blk, slot, row, chunk]`` and, in one launch, counts itself
+    in at ``SYNC[1 + blk]``. Many threads store the vectors: a CTA barrier orders their stores
+    before the single release that counts them (the barrier-then-release of a grid barrier)."""
+    base = PART + blk * (NSLOT * ROWS * SPLIT_P2) + tl.arange(0, ROWS) * SPLIT_P2 + chunk
+    tl.store(base, a)
+    if NSLOT > 1:
+        tl.store(base + ROWS * SPLIT_P2, b)
+    if PHASE == 0:
+        tl.debug_barrier()
+        tl.atomic_add(SYNC + 1 + blk, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def gather_rows(PART, SYNC, blk, split, ROWS: tl.constexpr, NSLOT: tl.constexpr, SPLIT_P2: tl.constexpr,
+                PHASE: tl.constexpr):
+    """The block form of ``gather``: every chunk's partials of block ``blk`` as one
+    ``[NSLOT * ROWS, SPLIT_P2]`` fp32 matrix, slot-major (chunks past ``split`` read as 0), once
+    all have published. One matrix, so one ``tree_sum_rows`` reduces every slot (two in a row made
+    ptxas spill the LayerNorm backward: 32 registers and 18 KB of stack at 4 x 1024)."""
+    if PHASE == 0:
+        n = tl.atomic_add(SYNC + 1 + blk, 0, sem="acquire", scope="gpu")
+        while n < split:
+            n = tl.atomic_add(SYNC + 1 + blk, 0, sem="acquire", scope="gpu")
+    i = tl.arange(0, SPLIT_P2)
+    r = tl.arange(0, NSLOT * ROWS)
+    ok = (i < split)[None, :] & (r >= 0)[:, None]
+    return tl.load(PART + blk * (NSLOT * ROWS * SPLIT_P2) + r[:, None] * SPLIT_P2 + i[None, :], mask=ok, other=0.0,
+                   volatile=True)
+
+
+@triton.jit
+def _halve_rows(v, R: tl.constexpr, N: tl.constexpr):
+    return tl.sum(tl.reshape(v, (R, N // 2, 2)), axis=2)
+
+
+@triton.jit
+def tree_sum_rows(v, R: tl.constexpr, N: tl.constexpr):
+    """``tree_sum`` of each row of a [R, N] matrix (N a power of two <= 256): [R]."""
+    if N >= 256:
+        v = _halve_rows(v, R, 256)
+    if N >= 128:
+        v = _halve_rows(v, R, 128)
+    if N >= 64:
+        v = _halve_rows(v, R, 64)
+    if N >= 32:
+        v = _halve_rows(v, R, 32)
+    if N >= 16:
+        v = _halve_rows(v, R, 16)
+    if N >= 8:
+        v = _halve_rows(v, R, 8)
+    if N >= 4:
+        v = _halve_rows(v, R, 4)
+    if N >= 2:
+        v = _halve_rows(v, R, 2)
+    return tl.sum(v, axis=1)
 
 
 @triton.jit

@@ -12,9 +12,9 @@ from ...core.arch import sm_count
 from ...core.checks import row_stride
 from ..rowsync import launches
 from ..triton_launch import FastKernel
-from .kernels import (_norm_bwd_dwdb_kernel, _norm_bwd_kernel, _norm_bwd_looped_kernel, _norm_fwd_kernel,
-                      _norm_fwd_looped_kernel, _norm_fwd_split_kernel, _rms_fwd_torch_order_kernel)
-from .policy import NormTuning, active, bwd_policy, fwd_policy, fwd_split_policy
+from .kernels import (_norm_bwd_dwdb_kernel, _norm_bwd_kernel, _norm_bwd_looped_kernel, _norm_bwd_split_kernel,
+                      _norm_fwd_kernel, _norm_fwd_looped_kernel, _norm_fwd_split_kernel, _rms_fwd_torch_order_kernel)
+from .policy import NormTuning, active, bwd_policy, bwd_split_policy, fwd_policy, fwd_split_policy
 from .reference import torch_cuda_mean_factor, torch_cuda_mean_lanes
 
 _fwd = FastKernel(_norm_fwd_kernel)
@@ -23,6 +23,7 @@ _fwd_split = FastKernel(_norm_fwd_split_kernel)
 _bwd = FastKernel(_norm_bwd_kernel)
 _bwd_looped = FastKernel(_norm_bwd_looped_kernel)
 _bwd_dwdb = FastKernel(_norm_bwd_dwdb_kernel)
+_bwd_split = FastKernel(_norm_bwd_split_kernel)
 _fwd_torch_order = FastKernel(_rms_fwd_torch_order_kernel)
 
 
@@ -109,13 +110,27 @@ def norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, mea
         zero = torch.zeros(n, dtype=torch.float32, device=x.device)
         return dx, (zero if weight is not None else None), (zero.clone() if has_bias else None)
     tuning = tuning or active()
-    p = bwd_policy(m, n, sm_count(x.device), tuning)
     has_w = weight is not None
+    dummy = dx
+    st = (mean if mean is not None else rstd, rstd)
+    sp, rows = bwd_split_policy(n, sm_count(x.device), tuning)
+    if sp.split:
+        blocks = -(-m // rows)
+        dw_part = empty((blocks, n), torch.float32, x.device) if has_w else None
+        db_part = empty((blocks, n), torch.float32, x.device) if has_bias else None
+        for phase, sync, part in launches(x.device, blocks, (1 if is_rms else 2) * rows, sp.split_p2):
+            _bwd_split((blocks * sp.split,), dy, x, weight if has_w else dummy, st[0], st[1],
+                       dres if dres is not None else dummy, dx, dw_part if has_w else dummy,
+                       db_part if has_bias else dummy, part, sync, m, n, sp.split, row_stride(dy), row_stride(x),
+                       row_stride(dres) if dres is not None else 0, row_stride(dx), offset, IS_RMS=is_rms,
+                       HAS_WEIGHT=has_w, HAS_BIAS=has_bias, HAS_DRES=dres is not None, GEMMA_CAST=gemma_cast,
+                       ROWS=rows, CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PHASE=phase, num_warps=sp.num_warps,
+                       fp_fusion=False)  # no FMA: both launch forms give the same bits
+        return dx, (dw_part.sum(0) if has_w else None), (db_part.sum(0) if has_bias else None)
+    p = bwd_policy(m, n, sm_count(x.device), tuning)
     parts = p.dwdb_grid[1] if p.looped else p.grid
     dw_part = empty((parts, n), torch.float32, x.device) if has_w else None
     db_part = empty((parts, n), torch.float32, x.device) if has_bias else None
-    dummy = dx
-    st = (mean if mean is not None else rstd, rstd)
     if p.looped:
         _bwd_looped((p.grid,), 
             dy, x, weight if has_w else dummy, st[0], st[1], dres if dres is not None else dummy, dx, m, n,

@@ -47,6 +47,16 @@ class NormTuning:
     dwdb_block_m: int = 32
     dwdb_block_n: int = 128
     dwdb_programs_per_sm: int = 4
+    # split backward (rows wider than max_block_bwd, in place of the looped backward and its dw/db
+    # pass): one program per (split_rows_bwd rows, split_chunk_bwd columns) tile, the block's
+    # programs exchange the rows' sums (ops/rowsync.py), so dy and x are read once; 0 turns it off.
+    # H100, fwd+bwd bf16 (scripts/norm_bwd_tune.py, 2026-11-25 s14): RMSNorm 4096x65536 77.1% of
+    # copy against the looped 57.0%, 8192x16384 77-79% against 66.6%, 1024x262144 61.3% against
+    # 51.7%; LayerNorm 63.8 / 65.0% against 55.3 / 52.7%. 8 x 1024 x 4 warps is the best of
+    # 4-16 rows x 512-4096 columns x 2-8 warps at 65536 and 16384.
+    split_chunk_bwd: int = 1024
+    split_rows_bwd: int = 8
+    split_warps_bwd: int = 4
 
 
 DEFAULT_TUNING = NormTuning()
@@ -98,6 +108,20 @@ def fwd_split_policy(n: int, sms: int, t: NormTuning) -> SplitLaunch:
     if split > 2 * sms:  # a row's programs must all be resident at once: two per SM always fit
         return SplitLaunch(0, 0, 1, 1)
     return SplitLaunch(chunk, split, _pow2(split), t.split_warps_fwd)
+
+
+def bwd_split_policy(n: int, sms: int, t: NormTuning) -> tuple[SplitLaunch, int]:
+    """The split backward's launch for rows of n and its rows per block; ``split == 0`` where the
+    block or looped backward runs. A block's programs must all be resident at once: at most one
+    per SM is assumed (the chunk doubles, and the rows per block halve, until ``split <= sms``)."""
+    if t.split_chunk_bwd <= 0 or _pow2(n) <= t.max_block_bwd:
+        return SplitLaunch(0, 0, 1, 1), 0
+    chunk, rows = min(t.split_chunk_bwd, _pow2(n)), t.split_rows_bwd
+    while -(-n // chunk) > min(sms, 256):  # 256: tree_sum_rows' widest
+        chunk *= 2
+        rows = max(1, rows // 2)
+    split = -(-n // chunk)
+    return SplitLaunch(chunk, split, _pow2(split), t.split_warps_bwd), rows
 
 
 @functools.lru_cache(maxsize=4096)
