@@ -154,22 +154,9 @@ def _halve_rows(v, R: tl.constexpr, N: tl.constexpr):
 @triton.jit
 def tree_sum_rows(v, R: tl.constexpr, N: tl.constexpr):
     """``tree_sum`` of each row of a [R, N] matrix (N a power of two <= 256): [R]."""
-    if N >= 256:
-        v = _halve_rows(v, R, 256)
-    if N >= 128:
-        v = _halve_rows(v, R, 128)
-    if N >= 64:
-        v = _halve_rows(v, R, 64)
-    if N >= 32:
-        v = _halve_rows(v, R, 32)
-    if N >= 16:
-        v = _halve_rows(v, R, 16)
-    if N >= 8:
-        v = _halve_rows(v, R, 8)
-    if N >= 4:
-        v = _halve_rows(v, R, 4)
-    if N >= 2:
-        v = _halve_rows(v, R, 2)
+    for k in tl.static_range(8, 0, -1):  # halve from 256 columns down to 2: the same tree as tree_sum
+        if N >= (1 << k):
+            v = _halve_rows(v, R, 1 << k)
     return tl.sum(v, axis=1)
 
 
