@@ -401,6 +401,20 @@ def test_split_forward_runs_and_has_one_launch_form(device, monkeypatch):
         assert torch.equal(a, b)
 
 
+def test_explain_names_the_kernels_of_the_row_width():
+    """ks.explain says which forward and backward kernels a width takes (block, split, looped)."""
+    w = torch.randn(8, dtype=torch.bfloat16)
+    exp = str(ks.explain("rms_norm", torch.randn(2, 8, dtype=torch.bfloat16), w, backend="triton"))
+    assert "kernels: block forward; block backward" in exp, exp
+    wide = 65536
+    exp = str(ks.explain("rms_norm", torch.randn(2, wide, dtype=torch.bfloat16),
+                         torch.randn(wide, dtype=torch.bfloat16), backend="triton"))
+    assert "looped forward; split backward (tiles of" in exp, exp
+    with policy.use(dataclasses.replace(policy.active(), split_chunk_bwd=0)):
+        exp = str(ks.explain("layer_norm", torch.randn(2, wide, dtype=torch.bfloat16), None, None, backend="triton"))
+    assert "looped backward + dw/db pass" in exp, exp
+
+
 def test_split_backward_runs_and_has_one_launch_form(device, monkeypatch):
     """The split tuning launches the split backward (on a GPU blocks of 2 rows, 8 programs per row, a
     ragged last block), its gradients through autograd match the looped backward's (fp32 x: the

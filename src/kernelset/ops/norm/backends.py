@@ -198,8 +198,29 @@ def _t_ln_bwd(dy, x, weight, bias, mean, rstd, eps):
     return dx, _cast(dw, weight), _cast(db, bias)
 
 
+def _kernels(p: Problem) -> str:
+    """Which kernels this row width takes (what ``ks.explain`` prints for the chosen Triton impl)."""
+    from ...core.arch import sm_count
+    from . import policy as pol
+    n, t, sms = p.shape[-1], pol.active(), sm_count(p.device)
+    width = 1 << max(0, (n - 1).bit_length())
+    fsp = pol.fwd_split_policy(n, sms, t)
+    if fsp.split:
+        fwd = f"split forward ({fsp.split} programs of {fsp.chunk} columns per row)"
+    else:
+        fwd = "looped forward" if width > t.max_block_fwd else "block forward"
+    bsp, rows = pol.bwd_split_policy(n, sms, t)
+    if bsp.split:
+        bwd = f"split backward (tiles of {rows} rows x {bsp.chunk} columns, {bsp.split} per row)"
+    else:
+        bwd = "looped backward + dw/db pass" if width > t.max_block_bwd else "block backward"
+    return f"kernels: {fwd}; {bwd}"
+
+
 _TRITON = dict(backend=Backend.TRITON, supports=triton_rows, priority=100, arch=ArchRange(min=(7, 0)),
-               requires=("triton",), note="kernelset's own; block kernel per row group, looped kernel for long rows")
+               requires=("triton",), detail=_kernels,
+               note="kernelset's own; rows in registers (block kernels), or split over programs that meet at a "
+                    "row barrier (wide rows), or looped")
 
 register_impl(Impl(op="rms_norm", forward=_t_rms_fwd, backward=_t_rms_bwd, **{**_TRITON, "supports": _t_rms_supports}))
 register_impl(Impl(op="fused_add_rms_norm", forward=_t_add_fwd, backward=_t_rms_bwd, **_TRITON))
