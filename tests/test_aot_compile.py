@@ -54,12 +54,15 @@ def fwd(n, dtype="bf16", rms=True, res=False, w=True, b=False, gemma=False, stat
                 wdtype=wdtype or dtype, arch=arch, split=split)
 
 
-def bwd(n, dtype="bf16", rms=True, w=True, b=False, dres=False, gemma=False, arch=90):
-    return dict(dir="bwd", n=n, dtype=dtype, rms=rms, w=w, b=b, dres=dres, gemma=gemma, arch=arch)
+def bwd(n, dtype="bf16", rms=True, w=True, b=False, dres=False, gemma=False, arch=90, split=None):
+    # split: None the default tuning (the split backward past the block kernel); False the looped
+    # backward (split_chunk_bwd=0)
+    return dict(dir="bwd", n=n, dtype=dtype, rms=rms, w=w, b=b, dres=dres, gemma=gemma, arch=arch, split=split)
 
 
 # id -> launcher call; why each case exists is in the comment after it. Backward cases with
-# n > 8192 launch two kernels (looped dx, then the dw/db column reduction).
+# n > 8192 launch the split kernel, or with split=False two kernels (looped dx, then the dw/db
+# column reduction).
 CASES = {
     "fwd-rms-res-bf16-4096": fwd(4096, res=True),  # Llama-8B fused add+norm, 8 warps
     "fwd-rms-x-only-bf16-4096": fwd(4096, w=False),  # x is the only tensor loaded: its loads alone
@@ -80,15 +83,20 @@ CASES = {
     "bwd-ln-bias-bf16-8192": bwd(8192, rms=False, b=True, gemma=True),  # the most registers
     "bwd-ln-bias-fp32-8192": bwd(8192, "fp32", rms=False, b=True, gemma=True),  # fp32 rows
     "bwd-rms-rows8-bf16-128": bwd(128),  # persistent multi-row backward (ROWS=8)
-    "bwd-looped-rms-dres-bf16-65536": bwd(65536, dres=True),  # long-row dx, dw with Llama rounding
-    "bwd-looped-ln-bias-bf16-65536": bwd(65536, rms=False, b=True, gemma=True),  # dw and db tiles
-    "bwd-looped-ln-bias-only-fp32-16384": bwd(16384, "fp32", rms=False, w=False, b=True),  # db only
+    "bwd-looped-rms-dres-bf16-65536": bwd(65536, dres=True, split=False),  # long-row dx, dw with Llama rounding
+    "bwd-looped-ln-bias-bf16-65536": bwd(65536, rms=False, b=True, gemma=True, split=False),  # dw and db tiles
+    "bwd-looped-ln-bias-only-fp32-16384": bwd(16384, "fp32", rms=False, w=False, b=True, split=False),  # db only
+    "bwd-split-rms-dres-bf16-65536": bwd(65536, dres=True),  # the default past 8192: 8 x 1024 tiles, 64 per row
+    "bwd-split-ln-bias-bf16-65536": bwd(65536, rms=False, b=True, gemma=True),  # two slots, dw and db partials
+    "bwd-split-ln-bias-only-fp32-16384": bwd(16384, "fp32", rms=False, w=False, b=True),  # fp32 tiles, db only
+    "bwd-split-rms-bf16-262144": bwd(262144),  # wider chunks (2048, 4 rows): split <= SMs
     # sm_80 (A100): the other ptxas, no Hopper instructions; each kernel once.
     "sm80-fwd-rms-res-bf16-4096": fwd(4096, res=True, arch=80),
     "sm80-fwd-looped-ln-bias-bf16-65536": fwd(65536, rms=False, b=True, arch=80, split=False),
     "sm80-fwd-split-ln-bias-bf16-65536": fwd(65536, rms=False, b=True, arch=80, split=True),
     "sm80-bwd-ln-bias-bf16-8192": bwd(8192, rms=False, b=True, gemma=True, arch=80),
-    "sm80-bwd-looped-ln-bias-bf16-65536": bwd(65536, rms=False, b=True, gemma=True, arch=80),
+    "sm80-bwd-looped-ln-bias-bf16-65536": bwd(65536, rms=False, b=True, gemma=True, arch=80, split=False),
+    "sm80-bwd-split-ln-bias-bf16-65536": bwd(65536, rms=False, b=True, gemma=True, arch=80),
 }
 
 
@@ -127,8 +135,12 @@ def _record(case: dict) -> list:
     # the split kernel's counter zeroing (a store loop, not a norm kernel) is left out
     zero_fn, rowsync._zero.fn = rowsync._zero.fn, type("Skip", (), {"__getitem__": lambda self, g: lambda *a, **k: None})()
     launch.sm_count = lambda device: SMS
-    tuning = {None: policy.DEFAULT_TUNING, True: dataclasses.replace(policy.DEFAULT_TUNING, split_min_fwd=0),
-              False: dataclasses.replace(policy.DEFAULT_TUNING, split_chunk_fwd=0)}[case.get("split")]
+    if case["dir"] == "fwd":
+        tuning = {None: policy.DEFAULT_TUNING, True: dataclasses.replace(policy.DEFAULT_TUNING, split_min_fwd=0),
+                  False: dataclasses.replace(policy.DEFAULT_TUNING, split_chunk_fwd=0)}[case.get("split")]
+    else:
+        tuning = (dataclasses.replace(policy.DEFAULT_TUNING, split_chunk_bwd=0) if case.get("split") is False
+                  else policy.DEFAULT_TUNING)
     try:
         w = t(n, d=case["wdtype"] if case["dir"] == "fwd" else case["dtype"]) if case["w"] else None
         b = t(n) if case["b"] else None
@@ -138,7 +150,8 @@ def _record(case: dict) -> list:
         else:
             stat = torch.empty(M, dtype=torch.float32, device="meta")
             launch.norm_bwd(t(M, n), t(M, n), w, None if case["rms"] else stat, stat, is_rms=case["rms"],
-                            gemma_cast=case["gemma"], has_bias=case["b"], dres=t(M, n) if case["dres"] else None)
+                            gemma_cast=case["gemma"], has_bias=case["b"], dres=t(M, n) if case["dres"] else None,
+                            tuning=tuning)
     finally:
         for wrapper, fn in zip(wrappers, saved_fns):
             wrapper.fn = fn
@@ -222,7 +235,8 @@ SMEM_LIMIT = {80: 163 * 1024, 90: 227 * 1024}  # shared memory one block may hav
 EXPECTED_KERNELS = {("fwd", False): ["_norm_fwd_kernel"], ("fwd", True): ["_norm_fwd_looped_kernel"],
                     ("fwd", "split"): ["_norm_fwd_split_kernel"],
                     ("bwd", False): ["_norm_bwd_kernel"],
-                    ("bwd", True): ["_norm_bwd_looped_kernel", "_norm_bwd_dwdb_kernel"]}
+                    ("bwd", True): ["_norm_bwd_looped_kernel", "_norm_bwd_dwdb_kernel"],
+                    ("bwd", "split"): ["_norm_bwd_split_kernel"]}
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -231,6 +245,8 @@ def test_compiles_without_spills(compiled, name):
     runs = compiled[name]
     looped = case["n"] > (16384 if case["dir"] == "fwd" else 8192)
     if looped and case["dir"] == "fwd" and (case["split"] or case["split"] is None and case["n"] > 65536):
+        looped = "split"
+    if looped and case["dir"] == "bwd" and case["split"] is not False:
         looped = "split"
     assert [r["kernel"] for r in runs] == EXPECTED_KERNELS[case["dir"], looped]
     for r in runs:

@@ -83,7 +83,8 @@ def test_explain_lists_candidates_in_priority_order(op, capsys):
     prios = [c.priority for c in exp.candidates[:-1]]
     assert prios == sorted(prios, reverse=True)
     assert [c.status for c in exp.candidates] == ["chosen", "supported"]
-    assert exp.candidates[0].reason is None
+    # the chosen impl may say which kernels it runs (its detail hook), nothing else
+    assert exp.candidates[0].reason is None or exp.candidates[0].reason.startswith("kernel"), exp.candidates[0]
     assert "lower priority than triton" in exp.candidates[1].reason
     text = str(exp)
     assert all(str(b) in text for b in backends) and "chosen: triton" in text
