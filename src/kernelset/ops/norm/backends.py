@@ -203,17 +203,16 @@ def _kernels(p: Problem) -> str:
     from ...core.arch import sm_count
     from . import policy as pol
     n, t, sms = p.shape[-1], pol.active(), sm_count(p.device)
-    width = 1 << max(0, (n - 1).bit_length())
     fsp = pol.fwd_split_policy(n, sms, t)
     if fsp.split:
         fwd = f"split forward ({fsp.split} programs of {fsp.chunk} columns per row)"
     else:
-        fwd = "looped forward" if width > t.max_block_fwd else "block forward"
+        fwd = "looped forward" if pol.fwd_policy(1, n, sms, t).looped else "block forward"
     bsp, rows = pol.bwd_split_policy(n, sms, t)
     if bsp.split:
         bwd = f"split backward (tiles of {rows} rows x {bsp.chunk} columns, {bsp.split} per row)"
     else:
-        bwd = "looped backward + dw/db pass" if width > t.max_block_bwd else "block backward"
+        bwd = "looped backward + dw/db pass" if pol.bwd_policy(1, n, sms, t).looped else "block backward"
     return f"kernels: {fwd}; {bwd}"
 
 

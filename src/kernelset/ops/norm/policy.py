@@ -110,6 +110,7 @@ def fwd_split_policy(n: int, sms: int, t: NormTuning) -> SplitLaunch:
     return SplitLaunch(chunk, split, _pow2(split), t.split_warps_fwd)
 
 
+@functools.lru_cache(maxsize=4096)
 def bwd_split_policy(n: int, sms: int, t: NormTuning) -> tuple[SplitLaunch, int]:
     """The split backward's launch for rows of n and its rows per block; ``split == 0`` where the
     block or looped backward runs. A block's programs must all be resident at once: at most one
