@@ -159,6 +159,72 @@ def test_ops_filter_and_bad_arguments():
         kernelize("llama")
 
 
+def _shares(a: torch.nn.Linear, b: torch.nn.Linear) -> bool:
+    """b's weight starts where a's ends, in a's storage (row blocks of one matrix)."""
+    wa, wb = a.weight, b.weight
+    return (wa.untyped_storage().data_ptr() == wb.untyped_storage().data_ptr()
+            and wb.data_ptr() == wa.data_ptr() + wa.numel() * wa.element_size())
+
+
+def test_merged_projections_one_gemm_per_group_and_restore_separates():
+    model = tiny_model("qwen2")  # q/k/v with biases
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    ids = torch.randint(0, 128, (1, 6), device=DEVICE)
+    base = logits(model, ids)
+    with kernelize(model, merge_projections=False):
+        want = logits(model, ids)
+    with kernelize(model) as handle:
+        merged = sorted((p.where, p.behaviour) for p in handle.patched if p.rule == "merged_projections")
+        assert merged == [(f"model.layers.{i}.{m}", f"{g} -> one GEMM") for i in range(2)
+                          for m, g in (("mlp", "gate_proj+up_proj"), ("self_attn", "q_proj+k_proj+v_proj"))]
+        assert _shares(attn.q_proj, attn.k_proj) and _shares(attn.k_proj, attn.v_proj)
+        assert _shares(mlp.gate_proj, mlp.up_proj)
+        assert attn.v_proj.bias.data_ptr() == attn.q_proj.bias.data_ptr() + 4 * (attn.q_proj.out_features
+                                                                                  + attn.k_proj.out_features)
+        got = logits(model, ids)
+        assert handle.counts["merged_projections"] == 2 * 2  # one GEMM per group, per layer, per forward
+        # a forward that records weight gradients takes each projection's own GEMM
+        model.zero_grad(set_to_none=True)
+        model(ids).logits.float().square().mean().backward()
+        assert handle.counts["merged_projections"] == 2 * 2
+        assert all(m.weight.grad is not None for m in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.up_proj))
+        model.zero_grad(set_to_none=True)
+    assert rel_err(got, want) < 1e-6
+    assert not _shares(attn.q_proj, attn.k_proj) and not _shares(mlp.gate_proj, mlp.up_proj)
+    assert torch.equal(logits(model, ids), base)
+
+
+def test_merged_projections_stand_down_when_the_model_moves():
+    model = tiny_model("llama")
+    ids = torch.randint(0, 128, (1, 5), device=DEVICE)
+    with kernelize(model) as handle:
+        logits(model, ids)
+        assert handle.counts["merged_projections"] == 4
+        for p in model.parameters():  # as model.to(...) does: new storage, the views no longer point into the matrix
+            p.data = p.data.clone()
+        got = logits(model, ids)
+        assert handle.counts["merged_projections"] == 4
+    with kernelize(model, merge_projections=False):
+        assert torch.equal(logits(model, ids), got)
+
+
+def test_merged_projections_arguments_and_hooked_linears():
+    model = tiny_model("mistral")
+    with pytest.raises(ValueError, match="merge_projections=True is for mode='inference'"):
+        kernelize(model, mode="training", merge_projections=True)
+    with pytest.raises(ValueError, match="must be a bool"):
+        kernelize(model, merge_projections="yes")
+    with kernelize(model, ops={"rms_norm"}) as handle:  # an ops filter leaves the GEMMs alone by default
+        assert not any(p.rule == "merged_projections" for p in handle.patched)
+    model.model.layers[1].self_attn.k_proj.register_forward_hook(lambda *a: None)
+    with kernelize(model) as handle:
+        skipped = [s for s in handle.skipped if s.rule == "merged_projections"]
+        assert [s.where for s in skipped] == ["model.layers.1.self_attn"] and "hooks" in skipped[0].reason
+        ids = torch.randint(0, 128, (1, 4), device=DEVICE)
+        logits(model, ids)
+        assert handle.counts["merged_projections"] == 3  # the other three groups
+
+
 def test_padding_mask_falls_back_and_still_matches():
     model = tiny_model("mistral")
     ids = torch.randint(0, 128, (2, 7), device=DEVICE)
@@ -225,3 +291,14 @@ def test_import_kernelset_does_not_import_transformers():
     code = ("import sys, kernelset as ks; assert 'transformers' not in sys.modules; "
             "ks.hf.plan('llama-3-8b'); assert 'transformers' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_adjacent_halves_of_a_merged_projection():
+    from kernelset.hf.mapping import _adjacent_halves
+    gu = torch.randn(2, 3, 10)
+    gate, up = gu.split(5, -1)
+    assert torch.equal(_adjacent_halves(gate, up), gu) and _adjacent_halves(gate, up).data_ptr() == gu.data_ptr()
+    assert _adjacent_halves(up, gate) is None  # wrong order
+    assert _adjacent_halves(gate.contiguous(), up.contiguous()) is None  # two buffers
+    wide = torch.randn(2, 3, 12)
+    assert _adjacent_halves(wide[..., :5], wide[..., 5:10]) is None  # a third block follows

@@ -28,6 +28,8 @@ Rules (in the order they are tried on a module):
   the table layout is only known then.
 - ``causal_lm_loss``: the model's ``loss_function`` when it is transformers' ``ForCausalLMLoss``
   -> ``cross_entropy`` on the logits as they are (no fp32 copy of the logits).
+- ``merged_projections`` (inference): sibling ``nn.Linear`` children read from the same input
+  (``PROJECTION_GROUPS``: q/k/v, gate/up) -> one GEMM per group (projections.py).
 """
 from __future__ import annotations
 
@@ -127,6 +129,7 @@ def rows_layout(x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...] | None]:
 
 
 def _rms_build(offset: float, cast: str, weighted: bool = True) -> Build:
+    from ..core.checks import row_stride
     from ..ops.norm.reference import torch_cuda_mean_lanes
 
     def build(m: nn.Module, ops: Any) -> Callable:
@@ -134,6 +137,11 @@ def _rms_build(offset: float, cast: str, weighted: bool = True) -> Build:
 
         def forward(hidden_states: torch.Tensor) -> torch.Tensor:
             x, inverse = rows_layout(hidden_states)
+            if inverse is None and row_stride(x) is None:
+                # per-head norms of a merged q/k/v projection: [.., H, D] views whose rows have two
+                # strides (head, token); the row kernels take one, so a copy (cheaper than the
+                # reference path's several torch ops)
+                x = x.contiguous()
             # the module's own summation order where our kernel reproduces it (hidden sizes of the
             # residual stream): the output is the module's, bit for bit; per-head norms (head_dim
             # <= 128) keep the fast kernel, within rounding of the module
@@ -188,11 +196,23 @@ def _split_build(kind: str) -> Build:
             gate, up = m.gate_proj(x), m.up_proj(x)
             if kind == "silu":
                 h = ops.swiglu(gate, up)
-            else:  # one [.., 2I] buffer for the GeGLU kernel; the projections are separate here
-                h = ops.gelu_and_mul(torch.cat((gate, up), -1), approximate=kind)
+            else:  # the GeGLU kernel reads one [.., 2I] buffer: the merged projection's, or a copy
+                both = _adjacent_halves(gate, up)
+                h = ops.gelu_and_mul(torch.cat((gate, up), -1) if both is None else both, approximate=kind)
             return m.down_proj(h)
         return forward
     return build
+
+
+def _adjacent_halves(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
+    """The ``[.., 2I]`` view whose halves are a and b, when b's columns follow a's in one buffer
+    (the column blocks of a merged gate/up projection), else None."""
+    i = a.shape[-1]
+    if (a.shape != b.shape or a.stride() != b.stride() or a.dim() < 2 or a.stride(-1) != 1
+            or a.stride(-2) != 2 * i or b.data_ptr() != a.data_ptr() + i * a.element_size()
+            or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()):
+        return None
+    return a.as_strided((*a.shape[:-1], 2 * i), a.stride())
 
 
 def _fused_build(kind: str) -> Build:
@@ -294,6 +314,12 @@ TRAINING_PRECONDITIONS: dict[str, Callable[[nn.Module], str | None]] = {
     "embedding": lambda m: None if _no_padding_grad(m) else
     f"padding_idx={m.padding_idx}: nn.Embedding gives that row no gradient, kernelset's embedding does",
 }
+
+
+# ---- projections merged for inference ---------------------------------------------------------
+
+# children of one module that read the same input, in the order their columns are concatenated
+PROJECTION_GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 # ---- rotary functions -------------------------------------------------------------------------

@@ -292,7 +292,7 @@ class Kernelized:
         s = self.summary()
         lines = [f"kernelset.hf.kernelize ({s['mode']}):"]
         for rule, e in s["patched"].items():
-            lines.append(f"  patched {rule:<16} x{e['count']:<4} -> {', '.join(e['ops'])}  [{'; '.join(e['behaviours'])}]")
+            lines.append(f"  patched {rule:<16} x{e['count']:<4} -> {', '.join(e['ops']) or 'torch GEMM'}  [{'; '.join(e['behaviours'])}]")
         seen: set[tuple[str, str]] = set()
         for sk in self.skipped:  # one line per (rule, reason), not per layer
             if (sk.rule, sk.reason) in seen:
@@ -576,6 +576,25 @@ def _patch_lce(handle: Kernelized, model: nn.Module, ops: frozenset[str] | None)
                                   ("linear_cross_entropy",)))
 
 
+def _merge_projections(handle: Kernelized, model: nn.Module) -> None:
+    """Inference: each module's sibling projections (``mapping.PROJECTION_GROUPS``) as one GEMM."""
+    from .projections import MergedGroup, why_not
+    for path, m in model.named_modules():
+        for names in mapping.PROJECTION_GROUPS:
+            if not all(isinstance(getattr(m, n, None), nn.Module) for n in names):
+                continue
+            where, what = path or "<model>", "+".join(names)
+            reason = why_not(m, names)
+            if reason is not None:
+                handle.skipped.append(Skipped("merged_projections", where, f"{what}: {reason}"))
+                continue
+            group = MergedGroup([getattr(m, n) for n in names], handle.ops.counts)
+            handle._undo.append(group.unmerge)
+            for i, n in enumerate(names):
+                _set_method(handle, getattr(m, n), "forward", group.member_forward(i))
+            handle.patched.append(Patched("merged_projections", where, f"{what} -> one GEMM", ()))
+
+
 def _note_unpatched(handle: Kernelized, model: nn.Module) -> None:
     """Name the compute kernelset leaves to torch, so the report says it up front."""
     from . import attention
@@ -600,11 +619,14 @@ def _note_unpatched(handle: Kernelized, model: nn.Module) -> None:
 
 
 def kernelize(model: nn.Module, *, mode: Mode | str = Mode.INFERENCE,
-              ops: Iterable[str] | None = None) -> Kernelized:
+              ops: Iterable[str] | None = None, merge_projections: bool | None = None) -> Kernelized:
     """Swap kernelset ops into ``model`` in place; returns a handle whose ``restore()`` undoes it.
 
     ``mode="training"`` keeps only replacements with a backward (gpt-oss's forward-only gate stays
     torch); ``ops`` limits the patch to those kernelset ops (e.g. ``{"rms_norm", "apply_rotary"}``).
+    ``merge_projections`` (default: in inference mode when ``ops`` is not given) runs each module's
+    q/k/v and gate/up projections as one GEMM, their weights moved into one matrix that the
+    parameters view (projections.py); ``restore()`` gives them separate storage back.
     Modules whose behaviour matches no rule are left alone and listed in ``handle.report()``.
     """
     require_transformers()
@@ -619,8 +641,17 @@ def kernelize(model: nn.Module, *, mode: Mode | str = Mode.INFERENCE,
         unknown = sorted(o for o in wanted if not hasattr(ks, o))
         if unknown:
             raise ValueError(f"kernelize: argument 'ops' names unknown op(s) {', '.join(unknown)}")
+    if merge_projections is None:
+        merge_projections = mode is Mode.INFERENCE and wanted is None
+    elif merge_projections not in (True, False):
+        raise ValueError(f"kernelize: argument 'merge_projections' must be a bool or None, got {merge_projections!r}")
+    elif merge_projections and mode is Mode.TRAINING:
+        raise ValueError("kernelize: merge_projections=True is for mode='inference' (a training forward needs "
+                         "each projection's own GEMM for its weight gradient)")
     handle = Kernelized(model, mode)
     try:
+        if merge_projections:
+            _merge_projections(handle, model)
         _patch_modules(handle, model, wanted)
         _patch_rotary(handle, model, wanted)
         _patch_loss(handle, model, wanted)

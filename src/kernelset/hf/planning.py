@@ -454,7 +454,8 @@ def plan(model: str | dict, *, gpu: str | GPU = "h100", dtype: str = "bf16", mod
     else:
         qkv = (f.heads + 2 * f.kv_heads) * f.head_dim
         row("QKV projection", None, f"[{T}, {H}] x [{H}, {qkv}]", L,
-            note=f"GEMM in {gemm}" + (", with bias" if f.traits.get("attention_bias") else ""))
+            note=f"GEMM in {gemm}" + (", with bias" if f.traits.get("attention_bias") else "")
+            + "; kernelize merges q/k/v into one GEMM for inference")
         if f.qk_norm == "head":
             row("per-head q/k RMSNorm" + (" (1 + w)" if f.norm_offset else ""), "rms_norm",
                 f"[{T}, {f.heads}+{f.kv_heads}, {f.head_dim}]", 2 * L, {"tokens": T * f.heads, "hidden": f.head_dim},
@@ -490,7 +491,8 @@ def plan(model: str | dict, *, gpu: str | GPU = "h100", dtype: str = "bf16", mod
         act_op = "silu_and_mul"
     if dense_layers:
         row("MLP gate/up + down projections", None, f"[{T}, {H}] x [{H}, 2x{f.intermediate}]", 2 * dense_layers,
-            note=f"GEMMs in {gemm}")
+            note=f"GEMMs in {gemm}" + ("" if f.traits.get("fused_gate_up")
+                                       else "; kernelize merges gate/up into one GEMM for inference"))
         row(f"gated activation ({f.activation})", act_op, f"[{T}, {f.intermediate}]", dense_layers,
             {"tokens": T, "inter": f.intermediate})
     if f.moe_layers:
