@@ -3,7 +3,9 @@ looped backward it replaces (GPU). forward+backward through autograd, bf16, the 
 byte model (x read, y written; dy and x read, dx written); each configuration is checked against
 fp32 torch first; configurations are interleaved over rounds (median, min-max).
 
-    python scripts/norm_bwd_tune.py [rounds] [ops=rms_norm,layer_norm] [shapes=4096x65536,...] [configs=8x1024x4,...]
+    python scripts/norm_bwd_tune.py [rounds] [ops=rms_norm,layer_norm] [shapes=4096x65536,...] [configs=8x1024x4x4,...]
+
+A config is rows x chunk x warps x blocks per program (the last optional: the tuning's default).
 """
 from __future__ import annotations
 
@@ -19,8 +21,9 @@ from kernelset.core.tolerance import rel_err
 from kernelset.ops.norm import policy
 
 SHAPES = [(4096, 65536), (8192, 16384), (1024, 262144)]
-# (rows, chunk, warps); None: the looped backward
-CONFIGS = [None, (8, 1024, 4), (4, 1024, 4), (4, 2048, 4), (2, 4096, 8), (8, 1024, 8), (4, 1024, 2)]
+# (rows, chunk, warps, blocks per program); None: the looped backward
+CONFIGS = [None, (8, 1024, 4, 1), (8, 1024, 4, 2), (8, 1024, 4, 4), (8, 1024, 4, 8), (4, 1024, 4, 4), (4, 2048, 4, 4),
+           (8, 1024, 8, 4)]
 
 
 def main() -> int:
@@ -60,10 +63,12 @@ def main() -> int:
                 if cfg is None:
                     tuning, label = dataclasses.replace(base, split_chunk_bwd=0), "looped"
                 else:
-                    rows, chunk, warps = cfg
-                    tuning = dataclasses.replace(base, split_chunk_bwd=chunk, split_rows_bwd=rows, split_warps_bwd=warps)
+                    rows, chunk, warps, *per = cfg
+                    tuning = dataclasses.replace(base, split_chunk_bwd=chunk, split_rows_bwd=rows, split_warps_bwd=warps,
+                                                 split_blocks_bwd=per[0] if per else base.split_blocks_bwd)
                     sp, rows = policy.bwd_split_policy(n, sms, tuning)
-                    label = f"split {rows}x{sp.chunk} {warps}w"
+                    blocks = policy.bwd_split_per_prog(-(-m // rows), sp.split, sms, tuning)
+                    label = f"split {rows}x{sp.chunk} {warps}w x{blocks}"
                     if not sp.split or label in runs:
                         continue
                 with policy.use(tuning):

@@ -41,10 +41,10 @@ CASES = [
 SMALL_TUNING = dataclasses.replace(policy.DEFAULT_TUNING, max_block_fwd=256, max_block_bwd=256, looped_block=128,
                                    looped_block_fwd=128, dwdb_block_m=2, dwdb_block_n=64, split_chunk_fwd=0,
                                    split_chunk_bwd=0)
-# the split forward and backward instead of the looped ones (backward: blocks of 2 rows, so the
-# 3-row cases have a ragged last block)
+# the split forward and backward instead of the looped ones (backward: blocks of 2 rows, two
+# blocks per program, so the 3-row cases have a ragged last block and 5 rows a fully masked one)
 SPLIT_TUNING = dataclasses.replace(SMALL_TUNING, split_chunk_fwd=128, split_min_fwd=0, split_chunk_bwd=128,
-                                   split_rows_bwd=2)
+                                   split_rows_bwd=2, split_blocks_bwd=2, split_min_programs_bwd=0)
 
 
 def _make_x(shape, how, dtype, device):
@@ -455,7 +455,10 @@ def test_split_backward_runs_and_has_one_launch_form(device, monkeypatch):
         split = grads()
     sp, rows = policy.bwd_split_policy(1000, sm_count(device), SPLIT_TUNING)
     assert sp.split > 1 and rows >= 1  # several programs per row (8 x 2 rows on a GPU, 4 x 1 here)
-    assert grids and all(g == (-(-5 // rows) * sp.split,) for g, _ in grids), grids
+    blocks = -(-5 // rows)
+    per = policy.bwd_split_per_prog(blocks, sp.split, sm_count(device), SPLIT_TUNING)
+    assert per == 2  # two blocks per program; the last program's second block is past the rows
+    assert grids and all(g == (-(-blocks // per) * sp.split,) for g, _ in grids), grids
     for i, (a, c) in enumerate(zip(split, looped)):
         assert rel_err(a, c) < 1e-5, f"gradient {i}: split vs looped rel err {rel_err(a, c):.2e}"
 
@@ -526,8 +529,8 @@ from kernelset.ops.norm.policy import DEFAULT_TUNING, bwd_split_policy
 
 P = "*bf16"
 sig = dict(DY=P, X=P, W=P, MEAN="*fp32", RSTD="*fp32", DRES=P, DX=P, DW_PART="*fp32", DB_PART="*fp32", PART="*fp32",
-           SYNC="*i32", M="i32", N="i32", split="i32", stride_dy="i32", stride_x="i32", stride_dres="i32",
-           stride_dx="i32", offset="fp32")
+           SYNC="*i32", M="i32", N="i32", split="i32", per_prog="i32", stride_dy="i32", stride_x="i32",
+           stride_dres="i32", stride_dx="i32", offset="fp32")
 out = []
 for n in (16384, 65536):
     sp, rows = bwd_split_policy(n, 132, DEFAULT_TUNING)

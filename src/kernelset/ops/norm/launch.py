@@ -14,7 +14,7 @@ from ..rowsync import launches
 from ..triton_launch import FastKernel
 from .kernels import (_norm_bwd_dwdb_kernel, _norm_bwd_kernel, _norm_bwd_looped_kernel, _norm_bwd_split_kernel,
                       _norm_fwd_kernel, _norm_fwd_looped_kernel, _norm_fwd_split_kernel, _rms_fwd_torch_order_kernel)
-from .policy import NormTuning, active, bwd_policy, bwd_split_policy, fwd_policy, fwd_split_policy
+from .policy import NormTuning, active, bwd_policy, bwd_split_per_prog, bwd_split_policy, fwd_policy, fwd_split_policy
 from .reference import torch_cuda_mean_factor, torch_cuda_mean_lanes
 
 _fwd = FastKernel(_norm_fwd_kernel)
@@ -116,12 +116,16 @@ def norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, mea
     sp, rows = bwd_split_policy(n, sm_count(x.device), tuning)
     if sp.split:
         blocks = -(-m // rows)
-        dw_part = empty((blocks, n), torch.float32, x.device) if has_w else None
-        db_part = empty((blocks, n), torch.float32, x.device) if has_bias else None
-        for phase, sync, part in launches(x.device, blocks, (1 if is_rms else 2) * rows, sp.split_p2):
-            _bwd_split((blocks * sp.split,), dy, x, weight if has_w else dummy, st[0], st[1],
+        per = bwd_split_per_prog(blocks, sp.split, sm_count(x.device), tuning)
+        groups = -(-blocks // per)
+        dw_part = empty((groups, n), torch.float32, x.device) if has_w else None
+        db_part = empty((groups, n), torch.float32, x.device) if has_bias else None
+        # counters and partials for every block of every group (the last group's blocks past m
+        # run fully masked)
+        for phase, sync, part in launches(x.device, groups * per, (1 if is_rms else 2) * rows, sp.split_p2):
+            _bwd_split((groups * sp.split,), dy, x, weight if has_w else dummy, st[0], st[1],
                        dres if dres is not None else dummy, dx, dw_part if has_w else dummy,
-                       db_part if has_bias else dummy, part, sync, m, n, sp.split, row_stride(dy), row_stride(x),
+                       db_part if has_bias else dummy, part, sync, m, n, sp.split, per, row_stride(dy), row_stride(x),
                        row_stride(dres) if dres is not None else 0, row_stride(dx), offset, IS_RMS=is_rms,
                        HAS_WEIGHT=has_w, HAS_BIAS=has_bias, HAS_DRES=dres is not None, GEMMA_CAST=gemma_cast,
                        ROWS=rows, CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PHASE=phase, num_warps=sp.num_warps,
