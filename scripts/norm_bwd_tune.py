@@ -23,7 +23,7 @@ from kernelset.ops.norm import policy
 SHAPES = [(4096, 65536), (8192, 16384), (1024, 262144)]
 # (rows, chunk, warps, blocks per program); None: the looped backward
 CONFIGS = [None, (8, 1024, 4, 1), (8, 1024, 4, 2), (8, 1024, 4, 4), (8, 1024, 4, 8), (4, 1024, 4, 4), (4, 2048, 4, 4),
-           (8, 1024, 8, 4)]
+           (4, 2048, 4, 8), (4, 2048, 8, 4), (4, 1024, 4, 8)]
 
 
 def main() -> int:
@@ -64,10 +64,12 @@ def main() -> int:
                     tuning, label = dataclasses.replace(base, split_chunk_bwd=0), "looped"
                 else:
                     rows, chunk, warps, *per = cfg
-                    tuning = dataclasses.replace(base, split_chunk_bwd=chunk, split_rows_bwd=rows, split_warps_bwd=warps,
-                                                 split_blocks_bwd=per[0] if per else base.split_blocks_bwd)
-                    sp, rows = policy.bwd_split_policy(n, sms, tuning)
-                    blocks = policy.bwd_split_per_prog(-(-m // rows), sp.split, sms, tuning)
+                    rms = op == "rms_norm"
+                    per = per[0] if per else (base.split_blocks_bwd if rms else base.split_blocks_bwd_ln)
+                    tuning = dataclasses.replace(base, split_chunk_bwd=chunk, split_rows_bwd=rows, split_rows_bwd_ln=rows,
+                                                 split_warps_bwd=warps, split_blocks_bwd=per, split_blocks_bwd_ln=per)
+                    sp, rows = policy.bwd_split_policy(n, sms, tuning, rms)
+                    blocks = policy.bwd_split_per_prog(-(-m // rows), sp.split, sms, tuning, rms)
                     label = f"split {rows}x{sp.chunk} {warps}w x{blocks}"
                     if not sp.split or label in runs:
                         continue

@@ -208,9 +208,12 @@ def _kernels(p: Problem) -> str:
         fwd = f"split forward ({fsp.split} programs of {fsp.chunk} columns per row)"
     else:
         fwd = "looped forward" if pol.fwd_policy(1, n, sms, t).looped else "block forward"
-    bsp, rows = pol.bwd_split_policy(n, sms, t)
+    is_rms = p.op != "layer_norm"
+    bsp, rows = pol.bwd_split_policy(n, sms, t, is_rms)
     if bsp.split:
-        bwd = f"split backward (tiles of {rows} rows x {bsp.chunk} columns, {bsp.split} per row)"
+        per = t.split_blocks_bwd if is_rms else t.split_blocks_bwd_ln
+        bwd = (f"split backward (tiles of {rows} rows x {bsp.chunk} columns, {bsp.split} per row"
+               + (f", up to {per} row blocks per program)" if per > 1 else ")"))
     else:
         bwd = "looped backward + dw/db pass" if pol.bwd_policy(1, n, sms, t).looped else "block backward"
     return f"kernels: {fwd}; {bwd}"

@@ -335,83 +335,112 @@ def _norm_bwd_looped_kernel(DY, X, W, MEAN, RSTD, DRES, DX, M, N, stride_dy, str
 
 
 @triton.jit
-def _norm_bwd_split_kernel(DY, X, W, MEAN, RSTD, DRES, DX, DW_PART, DB_PART, PART, SYNC, M, N, split, per_prog,
-                           stride_dy, stride_x, stride_dres, stride_dx, offset, IS_RMS: tl.constexpr,
-                           HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DRES: tl.constexpr,
-                           GEMMA_CAST: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, SPLIT_P2: tl.constexpr,
-                           PHASE: tl.constexpr):
-    # The backward of rows wider than one program (see ops/rowsync.py): a program owns one chunk of
-    # CHUNK columns of ``per_prog`` consecutive blocks of ROWS rows (its group), taken one block at a
-    # time. It holds the block's dy and x tiles in registers while the group's programs exchange the
-    # rows' sums of xhat * w dy (and w dy for LayerNorm), then writes its dx and adds the block's
-    # dw / db over its columns to running sums, stored once per group: dy and x are read from HBM
-    # once (against the looped backward's second pass plus a separate dw / db pass over both), and
-    # the fp32 dw / db partials are per group, not per block (per_prog times less of that traffic).
+def _norm_bwd_split_block(DY, X, W, MEAN, RSTD, DRES, DX, DW_PART, DB_PART, PART, SYNC, M, N, split, blk, grp, chunk,
+                          stride_dy, stride_x, stride_dres, stride_dx, offset, IS_RMS: tl.constexpr,
+                          HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DRES: tl.constexpr,
+                          GEMMA_CAST: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, SPLIT_P2: tl.constexpr,
+                          STORE: tl.constexpr, PHASE: tl.constexpr):
+    """One block of ROWS rows of _norm_bwd_split_kernel over its chunk: dx written; the block's
+    dw / db over the chunk's columns stored as group ``grp``'s partials (STORE) or returned."""
     NSLOT: tl.constexpr = 1 if IS_RMS else 2
-    t = rowsync.claim(SYNC, PHASE)
-    grp = t // split
-    chunk = t % split
+    rows = blk * ROWS + tl.arange(0, ROWS)
+    rm = rows < M
+    rows = rows.to(tl.int64)
     cols = chunk * CHUNK + tl.arange(0, CHUNK)
     cm = cols < N
+    mask = rm[:, None] & cm[None, :]
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
+    dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
+    rstd = tl.load(RSTD + rows, mask=rm, other=0.0)
+    if IS_RMS:
+        mean = tl.zeros([ROWS], dtype=tl.float32)
+    else:
+        mean = tl.load(MEAN + rows, mask=rm, other=0.0)
     if HAS_WEIGHT:
         w = tl.load(W + cols, mask=cm, other=0.0).to(tl.float32) + offset
     else:
         w = tl.zeros([CHUNK], dtype=tl.float32)
-    dw_acc = tl.zeros([CHUNK], dtype=tl.float32)
-    db_acc = tl.zeros([CHUNK], dtype=tl.float32)
-    for i in range(0, per_prog):
-        blk = grp * per_prog + i  # blocks past M are all masked (their counters exist: no branch)
-        rows = blk * ROWS + tl.arange(0, ROWS)
-        rm = rows < M
-        rows = rows.to(tl.int64)
-        mask = rm[:, None] & cm[None, :]
-        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
-        dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0,
-                     eviction_policy="evict_first")
-        rstd = tl.load(RSTD + rows, mask=rm, other=0.0)
-        if IS_RMS:
-            mean = tl.zeros([ROWS], dtype=tl.float32)
-        else:
-            mean = tl.load(MEAN + rows, mask=rm, other=0.0)
-        if PHASE != 2:
-            xhat = tl.where(mask, (x.to(tl.float32) - mean[:, None]) * rstd[:, None], 0.0)
-            dyw = dy.to(tl.float32)
-            if HAS_WEIGHT:
-                dyw = dyw * w[None, :]
-            rowsync.publish_rows(PART, SYNC, blk, chunk, tl.sum(xhat * dyw, axis=1), tl.sum(dyw, axis=1), ROWS,
-                                 NSLOT, SPLIT_P2, PHASE)
-        if PHASE != 1:
-            c = rowsync.tree_sum_rows(rowsync.gather_rows(PART, SYNC, blk, split, ROWS, NSLOT, SPLIT_P2, PHASE),
-                                      NSLOT * ROWS, SPLIT_P2) / N
-            if IS_RMS:
-                c1 = c
-            else:  # slot-major: [sums of xhat * w dy; sums of w dy]
-                c1, c2 = tl.split(tl.permute(tl.reshape(c, (2, ROWS)), (1, 0)))
-            dyf = rowsync.rewiden(dy, PHASE)  # the tiles stay 16-bit across the barrier
-            xhat = (rowsync.rewiden(x, PHASE) - mean[:, None]) * rstd[:, None]
-            dyw = dyf
-            if HAS_WEIGHT:
-                dyw = dyf * w[None, :]
-            if IS_RMS:
-                dx = (dyw - xhat * c1[:, None]) * rstd[:, None]
-            else:
-                dx = (dyw - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
-            if HAS_DRES:
-                dx += tl.load(DRES + rows[:, None] * stride_dres + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask,
-                     cache_modifier=".cs")
-            if HAS_WEIGHT:
-                xh = tl.where(mask, xhat, 0.0)
-                if not GEMMA_CAST:
-                    xh = xh.to(X.dtype.element_ty).to(tl.float32)
-                dw_acc += tl.sum(dyf * xh, axis=0)
-            if HAS_BIAS:
-                db_acc += tl.sum(dyf, axis=0)
-    if PHASE != 1:
+    dw = tl.zeros([CHUNK], dtype=tl.float32)
+    db = tl.zeros([CHUNK], dtype=tl.float32)
+    if PHASE != 2:
+        xhat = tl.where(mask, (x.to(tl.float32) - mean[:, None]) * rstd[:, None], 0.0)
+        dyw = dy.to(tl.float32)
         if HAS_WEIGHT:
-            tl.store(DW_PART + grp.to(tl.int64) * N + cols, dw_acc, mask=cm)
+            dyw = dyw * w[None, :]
+        rowsync.publish_rows(PART, SYNC, blk, chunk, tl.sum(xhat * dyw, axis=1), tl.sum(dyw, axis=1), ROWS, NSLOT,
+                             SPLIT_P2, PHASE)
+    if PHASE != 1:
+        c = rowsync.tree_sum_rows(rowsync.gather_rows(PART, SYNC, blk, split, ROWS, NSLOT, SPLIT_P2, PHASE),
+                                  NSLOT * ROWS, SPLIT_P2) / N
+        if IS_RMS:
+            c1 = c
+        else:  # slot-major: [sums of xhat * w dy; sums of w dy]
+            c1, c2 = tl.split(tl.permute(tl.reshape(c, (2, ROWS)), (1, 0)))
+        dyf = rowsync.rewiden(dy, PHASE)  # the tiles stay 16-bit across the barrier
+        xhat = (rowsync.rewiden(x, PHASE) - mean[:, None]) * rstd[:, None]
+        dyw = dyf
+        if HAS_WEIGHT:
+            dyw = dyf * w[None, :]
+        if IS_RMS:
+            dx = (dyw - xhat * c1[:, None]) * rstd[:, None]
+        else:
+            dx = (dyw - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+        if HAS_DRES:
+            dx += tl.load(DRES + rows[:, None] * stride_dres + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask,
+                 cache_modifier=".cs")
+        if HAS_WEIGHT:
+            xh = tl.where(mask, xhat, 0.0)
+            if not GEMMA_CAST:
+                xh = xh.to(X.dtype.element_ty).to(tl.float32)
+            dw = tl.sum(dyf * xh, axis=0)
+            if STORE:
+                tl.store(DW_PART + grp.to(tl.int64) * N + cols, dw, mask=cm)
         if HAS_BIAS:
-            tl.store(DB_PART + grp.to(tl.int64) * N + cols, db_acc, mask=cm)
+            db = tl.sum(dyf, axis=0)
+            if STORE:
+                tl.store(DB_PART + grp.to(tl.int64) * N + cols, db, mask=cm)
+    return dw, db
+
+
+@triton.jit
+def _norm_bwd_split_kernel(DY, X, W, MEAN, RSTD, DRES, DX, DW_PART, DB_PART, PART, SYNC, M, N, split, stride_dy,
+                           stride_x, stride_dres, stride_dx, offset, IS_RMS: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                           HAS_BIAS: tl.constexpr, HAS_DRES: tl.constexpr, GEMMA_CAST: tl.constexpr,
+                           ROWS: tl.constexpr, CHUNK: tl.constexpr, SPLIT_P2: tl.constexpr, PER: tl.constexpr,
+                           PHASE: tl.constexpr):
+    # The backward of rows wider than one program (see ops/rowsync.py): a program owns one chunk of
+    # CHUNK columns of PER consecutive blocks of ROWS rows (its group), taken one block at a time
+    # (a loop only when PER > 1: the straight-line form keeps fewer registers). It holds the
+    # block's dy and x tiles in registers while the group's programs exchange the rows' sums of
+    # xhat * w dy (and w dy for LayerNorm), then writes its dx and adds the block's dw / db over
+    # its columns to the group's, stored once: dy and x are read from HBM once (against the looped
+    # backward's second pass plus a separate dw / db pass over both), and the fp32 dw / db
+    # partials are per group of PER blocks (PER times less of that traffic).
+    t = rowsync.claim(SYNC, PHASE)
+    grp = t // split
+    chunk = t % split
+    if PER == 1:
+        _norm_bwd_split_block(DY, X, W, MEAN, RSTD, DRES, DX, DW_PART, DB_PART, PART, SYNC, M, N, split, grp, grp, chunk,
+                              stride_dy, stride_x, stride_dres, stride_dx, offset, IS_RMS, HAS_WEIGHT, HAS_BIAS,
+                              HAS_DRES, GEMMA_CAST, ROWS, CHUNK, SPLIT_P2, True, PHASE)
+    else:
+        dw = tl.zeros([CHUNK], dtype=tl.float32)
+        db = tl.zeros([CHUNK], dtype=tl.float32)
+        for i in range(0, PER):  # blocks past M are all masked (their counters exist: no branch)
+            a, b = _norm_bwd_split_block(DY, X, W, MEAN, RSTD, DRES, DX, DW_PART, DB_PART, PART, SYNC, M, N, split,
+                                         grp * PER + i, grp, chunk, stride_dy, stride_x, stride_dres, stride_dx, offset,
+                                         IS_RMS, HAS_WEIGHT, HAS_BIAS, HAS_DRES, GEMMA_CAST, ROWS, CHUNK, SPLIT_P2,
+                                         False, PHASE)
+            dw += a
+            db += b
+        if PHASE != 1:
+            cols = chunk * CHUNK + tl.arange(0, CHUNK)
+            cm = cols < N
+            if HAS_WEIGHT:
+                tl.store(DW_PART + grp.to(tl.int64) * N + cols, dw, mask=cm)
+            if HAS_BIAS:
+                tl.store(DB_PART + grp.to(tl.int64) * N + cols, db, mask=cm)
 
 
 @triton.jit

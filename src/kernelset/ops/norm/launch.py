@@ -113,10 +113,10 @@ def norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, mea
     has_w = weight is not None
     dummy = dx
     st = (mean if mean is not None else rstd, rstd)
-    sp, rows = bwd_split_policy(n, sm_count(x.device), tuning)
+    sp, rows = bwd_split_policy(n, sm_count(x.device), tuning, is_rms)
     if sp.split:
         blocks = -(-m // rows)
-        per = bwd_split_per_prog(blocks, sp.split, sm_count(x.device), tuning)
+        per = bwd_split_per_prog(blocks, sp.split, sm_count(x.device), tuning, is_rms)
         groups = -(-blocks // per)
         dw_part = empty((groups, n), torch.float32, x.device) if has_w else None
         db_part = empty((groups, n), torch.float32, x.device) if has_bias else None
@@ -125,10 +125,10 @@ def norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, mea
         for phase, sync, part in launches(x.device, groups * per, (1 if is_rms else 2) * rows, sp.split_p2):
             _bwd_split((groups * sp.split,), dy, x, weight if has_w else dummy, st[0], st[1],
                        dres if dres is not None else dummy, dx, dw_part if has_w else dummy,
-                       db_part if has_bias else dummy, part, sync, m, n, sp.split, per, row_stride(dy), row_stride(x),
+                       db_part if has_bias else dummy, part, sync, m, n, sp.split, row_stride(dy), row_stride(x),
                        row_stride(dres) if dres is not None else 0, row_stride(dx), offset, IS_RMS=is_rms,
                        HAS_WEIGHT=has_w, HAS_BIAS=has_bias, HAS_DRES=dres is not None, GEMMA_CAST=gemma_cast,
-                       ROWS=rows, CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PHASE=phase, num_warps=sp.num_warps,
+                       ROWS=rows, CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PER=per, PHASE=phase, num_warps=sp.num_warps,
                        fp_fusion=False)  # no FMA: both launch forms give the same bits
         return dx, (dw_part.sum(0) if has_w else None), (db_part.sum(0) if has_bias else None)
     p = bwd_policy(m, n, sm_count(x.device), tuning)
