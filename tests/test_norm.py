@@ -402,21 +402,22 @@ def test_split_forward_runs_and_has_one_launch_form(device, monkeypatch):
         assert torch.equal(a, b)
 
 
-def test_explain_names_the_kernels_of_the_row_width():
+def test_explain_names_the_kernels_of_the_row_width(device):
     """ks.explain says which forward and backward kernels a width takes (block, split, looped)."""
-    w = torch.randn(8, dtype=torch.bfloat16)
-    exp = str(ks.explain("rms_norm", torch.randn(2, 8, dtype=torch.bfloat16), w, backend="triton"))
+    from kernelset.core.arch import sm_count
+
+    def explain(op, n, *params):
+        return str(ks.explain(op, torch.randn(2, n, dtype=torch.bfloat16, device=device), *params, backend="triton"))
+    exp = explain("rms_norm", 8, torch.randn(8, dtype=torch.bfloat16, device=device))
     assert "kernels: block forward; block backward" in exp, exp
     wide = 65536
-    exp = str(ks.explain("rms_norm", torch.randn(2, wide, dtype=torch.bfloat16),
-                         torch.randn(wide, dtype=torch.bfloat16), backend="triton"))
+    exp = explain("rms_norm", wide, torch.randn(wide, dtype=torch.bfloat16, device=device))
     assert "looped forward; split backward (tiles of" in exp, exp
     with policy.use(dataclasses.replace(policy.active(), split_chunk_bwd=0)):
-        exp = str(ks.explain("layer_norm", torch.randn(2, wide, dtype=torch.bfloat16), None, None, backend="triton"))
+        exp = explain("layer_norm", wide, None, None)
     assert "looped backward + dw/db pass" in exp, exp
-    exp = str(ks.explain("layer_norm", torch.randn(2, wide, dtype=torch.bfloat16), None, None, backend="triton"))
-    from kernelset.core.arch import sm_count
-    sp, rows = policy.bwd_split_policy(wide, sm_count(torch.device("cpu")), policy.active(), False)
+    exp = explain("layer_norm", wide, None, None)
+    sp, rows = policy.bwd_split_policy(wide, sm_count(device), policy.active(), False)
     want = (f"split backward (tiles of {rows} rows x {sp.chunk} columns, {sp.split} per row, "
             f"up to {policy.active().split_blocks_bwd_ln} row blocks per program)")
     assert want in exp, exp
