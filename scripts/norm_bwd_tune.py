@@ -64,12 +64,11 @@ def main() -> int:
                     tuning, label = dataclasses.replace(base, split_chunk_bwd=0), "looped"
                 else:
                     rows, chunk, warps, *per = cfg
-                    rms = op == "rms_norm"
-                    per = per[0] if per else (base.split_blocks_bwd if rms else base.split_blocks_bwd_ln)
-                    tuning = dataclasses.replace(base, split_chunk_bwd=chunk, split_rows_bwd=rows, split_rows_bwd_ln=rows,
-                                                 split_warps_bwd=warps, split_blocks_bwd=per, split_blocks_bwd_ln=per)
-                    sp, rows = policy.bwd_split_policy(n, sms, tuning, rms)
-                    blocks = policy.bwd_split_per_prog(-(-m // rows), sp.split, sms, tuning, rms)
+                    fixed = {"split_blocks_bwd": per[0], "split_blocks_bwd_wide": per[0]} if per else {}
+                    tuning = dataclasses.replace(base, split_chunk_bwd=chunk, split_rows_bwd=rows, split_warps_bwd=warps,
+                                                 **fixed)
+                    sp, rows = policy.bwd_split_policy(n, sms, tuning)
+                    blocks = policy.bwd_split_per_prog(-(-m // rows), rows, sp.split, sms, tuning)
                     label = f"split {rows}x{sp.chunk} {warps}w x{blocks}"
                     if not sp.split or label in runs:
                         continue

@@ -44,7 +44,7 @@ SMALL_TUNING = dataclasses.replace(policy.DEFAULT_TUNING, max_block_fwd=256, max
 # the split forward and backward instead of the looped ones (backward: blocks of 2 rows, two
 # blocks per program, so the 3-row cases have a ragged last block and 5 rows a fully masked one)
 SPLIT_TUNING = dataclasses.replace(SMALL_TUNING, split_chunk_fwd=128, split_min_fwd=0, split_chunk_bwd=128,
-                                   split_rows_bwd=2, split_rows_bwd_ln=2, split_blocks_bwd=2, split_blocks_bwd_ln=2,
+                                   split_rows_bwd=2, split_blocks_bwd=2, split_blocks_bwd_wide=2,
                                    split_min_programs_bwd=0)
 
 
@@ -416,10 +416,12 @@ def test_explain_names_the_kernels_of_the_row_width(device):
     with policy.use(dataclasses.replace(policy.active(), split_chunk_bwd=0)):
         exp = explain("layer_norm", wide, None, None)
     assert "looped backward + dw/db pass" in exp, exp
-    exp = explain("layer_norm", wide, None, None)
-    sp, rows = policy.bwd_split_policy(wide, sm_count(device), policy.active(), False)
+    exp = explain("layer_norm", 262144, None, None)
+    t = policy.active()
+    sp, rows = policy.bwd_split_policy(262144, sm_count(device), t)
+    assert rows < t.split_rows_bwd  # the rows halved: several blocks per program
     want = (f"split backward (tiles of {rows} rows x {sp.chunk} columns, {sp.split} per row, "
-            f"up to {policy.active().split_blocks_bwd_ln} row blocks per program)")
+            f"up to {t.split_blocks_bwd_wide} row blocks per program)")
     assert want in exp, exp
 
 
@@ -464,7 +466,7 @@ def test_split_backward_runs_and_has_one_launch_form(device, monkeypatch):
     sp, rows = policy.bwd_split_policy(1000, sm_count(device), SPLIT_TUNING)
     assert sp.split > 1 and rows >= 1  # several programs per row (8 x 2 rows on a GPU, 4 x 1 here)
     blocks = -(-5 // rows)
-    per = policy.bwd_split_per_prog(blocks, sp.split, sm_count(device), SPLIT_TUNING)
+    per = policy.bwd_split_per_prog(blocks, rows, sp.split, sm_count(device), SPLIT_TUNING)
     assert per == 2  # two blocks per program; the last program's second block is past the rows
     assert grids and all(g == (-(-blocks // per) * sp.split,) for g, _ in grids), grids
     for i, (a, c) in enumerate(zip(split, looped)):
@@ -533,18 +535,17 @@ from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 from kernelset.ops.norm import kernels as K
-from kernelset.ops.norm.policy import DEFAULT_TUNING, bwd_split_policy
+from kernelset.ops.norm.policy import DEFAULT_TUNING, bwd_split_per_prog, bwd_split_policy
 
 P = "*bf16"
 sig = dict(DY=P, X=P, W=P, MEAN="*fp32", RSTD="*fp32", DRES=P, DX=P, DW_PART="*fp32", DB_PART="*fp32", PART="*fp32",
            SYNC="*i32", M="i32", N="i32", split="i32", stride_dy="i32", stride_x="i32", stride_dres="i32",
            stride_dx="i32", offset="fp32")
 out = []
-for n in (16384, 65536):
-    # the defaults (RMSNorm one block per program, LayerNorm several), and the other form of each
-    for rms, per in ((True, DEFAULT_TUNING.split_blocks_bwd), (False, DEFAULT_TUNING.split_blocks_bwd_ln), (True, 4),
-                     (False, 1)):
-        sp, rows = bwd_split_policy(n, 132, DEFAULT_TUNING, rms)
+for n in (16384, 65536, 262144):
+    sp, rows = bwd_split_policy(n, 132, DEFAULT_TUNING)
+    per = bwd_split_per_prog(4096, rows, sp.split, 132, DEFAULT_TUNING)
+    for rms in (True, False):
         consts = dict(IS_RMS=rms, HAS_WEIGHT=True, HAS_BIAS=not rms, HAS_DRES=False, GEMMA_CAST=False, ROWS=rows,
                       CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PER=per, PHASE=0)
         attrs = {(k,): [["tt.divisibility", 16]] for k, (name, ty) in enumerate(sig.items())
@@ -559,7 +560,7 @@ for n in (16384, 65536):
                                   os.path.join(d, "k.o")], capture_output=True, text=True).stderr
         spill = re.search(r"(\d+) bytes spill stores", rep)
         ptx = c.asm["ptx"]
-        out.append(dict(case=f"n{n}-rms{rms}-per{per}", split=sp.split, rows=rows, chunk=sp.chunk,
+        out.append(dict(case=f"n{n}-rms{rms}-per{per}", per=per, split=sp.split, rows=rows, chunk=sp.chunk,
                         local="ld.local" in ptx or "st.local" in ptx, vec=".v4" in ptx,
                         regs=int(re.search(r"Used (\d+) registers", rep).group(1)),
                         spill=int(spill.group(1)) if spill else -1))
@@ -568,18 +569,19 @@ print(json.dumps(out))
 
 
 def test_split_backward_compiles_without_spills():
-    """The split backward at the default tuning (RMSNorm 8 rows x 1024 columns, one block per
-    program; LayerNorm 4 rows, 8 blocks per program; 4 warps) and the other form of each, compiled
-    for sm_90 with this machine's Triton and ptxas: no spills (Triton 3.6: 165 / 128 registers,
-    the loop forms 168-186 / 96-102), and a block of at most one program per SM. LayerNorm's two
-    slots reduced by two separate trees made ptxas fall to 32 registers and 18 KB of stack; the
-    row-block loop unrolled (static_range) spilled 1.7-2.9 KB."""
+    """The split backward at the default tuning, compiled for sm_90 with this machine's Triton and
+    ptxas: 8 rows x 1024 columns, one block per program, at 16384 and 65536; 4 rows x 2048
+    columns, a loop over 8 blocks, at 262144 (Triton 3.6: 163-165 registers with one block, 165 /
+    213 RMSNorm / LayerNorm with the loop; Triton 3.9: 166-195 / 168 / 180). No spills, and a block of at most one program per
+    SM. LayerNorm's two slots reduced by two separate trees made ptxas fall to 32 registers and
+    18 KB of stack; the row-block loop unrolled (static_range) spilled 1.7-2.9 KB."""
     from aot import compile_report
 
-    results = compile_report(_SPLIT_BWD_AOT, 8)
+    results = compile_report(_SPLIT_BWD_AOT, 6)
     for r in results:
-        assert r["chunk"] == 1024 and r["rows"] == (8 if "rmsTrue" in r["case"] else 4) and r["split"] <= 132, r
-        assert r["spill"] == 0, r
+        wide = r["case"].startswith("n262144")
+        assert (r["rows"], r["chunk"], r["per"]) == ((4, 2048, 8) if wide else (8, 1024, 1)), r
+        assert r["split"] <= 132 and r["spill"] == 0, r
 
 
 def test_split_forward_keeps_its_chunk_16_bit():

@@ -208,10 +208,9 @@ def _kernels(p: Problem) -> str:
         fwd = f"split forward ({fsp.split} programs of {fsp.chunk} columns per row)"
     else:
         fwd = "looped forward" if pol.fwd_policy(1, n, sms, t).looped else "block forward"
-    is_rms = p.op != "layer_norm"
-    bsp, rows = pol.bwd_split_policy(n, sms, t, is_rms)
+    bsp, rows = pol.bwd_split_policy(n, sms, t)
     if bsp.split:
-        per = t.split_blocks_bwd if is_rms else t.split_blocks_bwd_ln
+        per = t.split_blocks_bwd_wide if rows < t.split_rows_bwd else t.split_blocks_bwd
         bwd = (f"split backward (tiles of {rows} rows x {bsp.chunk} columns, {bsp.split} per row"
                + (f", up to {per} row blocks per program)" if per > 1 else ")"))
     else:

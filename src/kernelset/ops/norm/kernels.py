@@ -336,12 +336,14 @@ def _norm_bwd_looped_kernel(DY, X, W, MEAN, RSTD, DRES, DX, M, N, stride_dy, str
 
 @triton.jit
 def _norm_bwd_split_block(DY, X, W, MEAN, RSTD, DRES, DX, DW_PART, DB_PART, PART, SYNC, M, N, split, blk, grp, chunk,
-                          stride_dy, stride_x, stride_dres, stride_dx, offset, IS_RMS: tl.constexpr,
+                          w_in, stride_dy, stride_x, stride_dres, stride_dx, offset, IS_RMS: tl.constexpr,
                           HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DRES: tl.constexpr,
                           GEMMA_CAST: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, SPLIT_P2: tl.constexpr,
                           STORE: tl.constexpr, PHASE: tl.constexpr):
     """One block of ROWS rows of _norm_bwd_split_kernel over its chunk: dx written; the block's
-    dw / db over the chunk's columns stored as group ``grp``'s partials (STORE) or returned."""
+    dw / db over the chunk's columns stored as group ``grp``'s partials (STORE: the one-block
+    form, which loads its weights after the tiles) or returned (the loop, whose weights ``w_in``
+    are loaded once before it)."""
     NSLOT: tl.constexpr = 1 if IS_RMS else 2
     rows = blk * ROWS + tl.arange(0, ROWS)
     rm = rows < M
@@ -356,7 +358,9 @@ def _norm_bwd_split_block(DY, X, W, MEAN, RSTD, DRES, DX, DW_PART, DB_PART, PART
         mean = tl.zeros([ROWS], dtype=tl.float32)
     else:
         mean = tl.load(MEAN + rows, mask=rm, other=0.0)
-    if HAS_WEIGHT:
+    if not STORE:
+        w = w_in
+    elif HAS_WEIGHT:
         w = tl.load(W + cols, mask=cm, other=0.0).to(tl.float32) + offset
     else:
         w = tl.zeros([CHUNK], dtype=tl.float32)
@@ -422,21 +426,25 @@ def _norm_bwd_split_kernel(DY, X, W, MEAN, RSTD, DRES, DX, DW_PART, DB_PART, PAR
     chunk = t % split
     if PER == 1:
         _norm_bwd_split_block(DY, X, W, MEAN, RSTD, DRES, DX, DW_PART, DB_PART, PART, SYNC, M, N, split, grp, grp, chunk,
-                              stride_dy, stride_x, stride_dres, stride_dx, offset, IS_RMS, HAS_WEIGHT, HAS_BIAS,
-                              HAS_DRES, GEMMA_CAST, ROWS, CHUNK, SPLIT_P2, True, PHASE)
+                              offset, stride_dy, stride_x, stride_dres, stride_dx, offset, IS_RMS, HAS_WEIGHT,
+                              HAS_BIAS, HAS_DRES, GEMMA_CAST, ROWS, CHUNK, SPLIT_P2, True, PHASE)
     else:
+        cols = chunk * CHUNK + tl.arange(0, CHUNK)
+        cm = cols < N
+        if HAS_WEIGHT:
+            w = tl.load(W + cols, mask=cm, other=0.0).to(tl.float32) + offset
+        else:
+            w = tl.zeros([CHUNK], dtype=tl.float32)
         dw = tl.zeros([CHUNK], dtype=tl.float32)
         db = tl.zeros([CHUNK], dtype=tl.float32)
         for i in range(0, PER):  # blocks past M are all masked (their counters exist: no branch)
             a, b = _norm_bwd_split_block(DY, X, W, MEAN, RSTD, DRES, DX, DW_PART, DB_PART, PART, SYNC, M, N, split,
-                                         grp * PER + i, grp, chunk, stride_dy, stride_x, stride_dres, stride_dx, offset,
-                                         IS_RMS, HAS_WEIGHT, HAS_BIAS, HAS_DRES, GEMMA_CAST, ROWS, CHUNK, SPLIT_P2,
-                                         False, PHASE)
+                                         grp * PER + i, grp, chunk, w, stride_dy, stride_x, stride_dres, stride_dx,
+                                         offset, IS_RMS, HAS_WEIGHT, HAS_BIAS, HAS_DRES, GEMMA_CAST, ROWS, CHUNK,
+                                         SPLIT_P2, False, PHASE)
             dw += a
             db += b
         if PHASE != 1:
-            cols = chunk * CHUNK + tl.arange(0, CHUNK)
-            cm = cols < N
             if HAS_WEIGHT:
                 tl.store(DW_PART + grp.to(tl.int64) * N + cols, dw, mask=cm)
             if HAS_BIAS:

@@ -113,10 +113,10 @@ def norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, mea
     has_w = weight is not None
     dummy = dx
     st = (mean if mean is not None else rstd, rstd)
-    sp, rows = bwd_split_policy(n, sm_count(x.device), tuning, is_rms)
+    sp, rows = bwd_split_policy(n, sm_count(x.device), tuning)
     if sp.split:
         blocks = -(-m // rows)
-        per = bwd_split_per_prog(blocks, sp.split, sm_count(x.device), tuning, is_rms)
+        per = bwd_split_per_prog(blocks, rows, sp.split, sm_count(x.device), tuning)
         groups = -(-blocks // per)
         dw_part = empty((groups, n), torch.float32, x.device) if has_w else None
         db_part = empty((groups, n), torch.float32, x.device) if has_bias else None

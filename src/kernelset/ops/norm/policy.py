@@ -59,14 +59,16 @@ class NormTuning:
     split_warps_bwd: int = 4
     # blocks of rows a split-backward program takes one after another, summing their dw / db over
     # its columns: the fp32 partials written and read back shrink by that factor (one per block,
-    # they are 10% of RMSNorm's traffic at 8-row blocks and 20% of LayerNorm's, with db). H100
-    # (norm_bwd_tune.py, s15 runs 3-5): LayerNorm 4 rows x 8 blocks 63.7 / 67.8 / 59.8% of copy at
-    # 4096x65536 / 8192x16384 / 1024x262144 against 63.2 / 64.6 / 49.7% with one 8-row block;
-    # RMSNorm keeps one 8-row block (77.4 / 79.7%; 4 blocks compiled to 182 registers and 63.6%).
-    # The loop costs registers, and ptxas's allocation varies with the form: re-measure per change.
+    # they are 10% of RMSNorm's traffic at 8-row blocks and 20% of LayerNorm's, with db; twice
+    # that where rows past sms * chunk columns halve the block). ``_wide`` where the policy halved
+    # the rows. H100 (norm_bwd_tune.py, s15 runs 5 and 9): at 1024x262144 (4-row blocks) 8 per
+    # program: RMSNorm 61.5 -> 63.9-65.6%, LayerNorm 49.7-49.9 -> 53.0-55.1% of copy; at
+    # 4096x65536 and 8192x16384 (8-row blocks) within a point or two either way (RMSNorm 77.5 /
+    # 79.2% with one block), so one. The loop costs registers, and ptxas's allocation varies with
+    # its form (one version lost 10 points with one block in a loop; an unrolled one spilled):
+    # re-measure per change.
     split_blocks_bwd: int = 1
-    split_rows_bwd_ln: int = 4
-    split_blocks_bwd_ln: int = 8
+    split_blocks_bwd_wide: int = 8
     split_min_programs_bwd: int = 8  # per SM: fewer blocks per program where the grid would be smaller
 
 
@@ -122,13 +124,13 @@ def fwd_split_policy(n: int, sms: int, t: NormTuning) -> SplitLaunch:
 
 
 @functools.lru_cache(maxsize=4096)
-def bwd_split_policy(n: int, sms: int, t: NormTuning, is_rms: bool = True) -> tuple[SplitLaunch, int]:
+def bwd_split_policy(n: int, sms: int, t: NormTuning) -> tuple[SplitLaunch, int]:
     """The split backward's launch for rows of n and its rows per block; ``split == 0`` where the
     block or looped backward runs. A block's programs must all be resident at once: at most one
     per SM is assumed (the chunk doubles, and the rows per block halve, until ``split <= sms``)."""
     if t.split_chunk_bwd <= 0 or _pow2(n) <= t.max_block_bwd:
         return SplitLaunch(0, 0, 1, 1), 0
-    chunk, rows = min(t.split_chunk_bwd, _pow2(n)), (t.split_rows_bwd if is_rms else t.split_rows_bwd_ln)
+    chunk, rows = min(t.split_chunk_bwd, _pow2(n)), t.split_rows_bwd
     while -(-n // chunk) > min(sms, 256):  # 256: tree_sum_rows' widest
         chunk *= 2
         rows = max(1, rows // 2)
@@ -137,11 +139,12 @@ def bwd_split_policy(n: int, sms: int, t: NormTuning, is_rms: bool = True) -> tu
 
 
 @functools.lru_cache(maxsize=4096)
-def bwd_split_per_prog(blocks: int, split: int, sms: int, t: NormTuning, is_rms: bool = True) -> int:
-    """Row blocks per split-backward program: ``split_blocks_bwd`` (``_ln`` for LayerNorm), halved
-    while the grid would have fewer than ``split_min_programs_bwd`` programs per SM (short batches
-    keep every SM busy)."""
-    per = max(1, t.split_blocks_bwd if is_rms else t.split_blocks_bwd_ln)
+def bwd_split_per_prog(blocks: int, rows: int, split: int, sms: int, t: NormTuning) -> int:
+    """Row blocks per split-backward program (``rows`` per block, as ``bwd_split_policy`` gave):
+    ``split_blocks_bwd``, or ``split_blocks_bwd_wide`` where the policy halved the rows, itself
+    halved while the grid would have fewer than ``split_min_programs_bwd`` programs per SM (short
+    batches keep every SM busy)."""
+    per = max(1, t.split_blocks_bwd_wide if rows < t.split_rows_bwd else t.split_blocks_bwd)
     while per > 1 and -(-blocks // per) * split < t.split_min_programs_bwd * sms:
         per //= 2
     return per
