@@ -302,3 +302,19 @@ def test_adjacent_halves_of_a_merged_projection():
     assert _adjacent_halves(gate.contiguous(), up.contiguous()) is None  # two buffers
     wide = torch.randn(2, 3, 12)
     assert _adjacent_halves(wide[..., :5], wide[..., 5:10]) is None  # a third block follows
+
+
+def test_merged_projections_under_inference_mode_and_save_pretrained(tmp_path):
+    """kernelize inside torch.inference_mode, and save_pretrained while the projections share one
+    matrix: the checkpoint reloads to the same model (transformers saves disjoint views apart)."""
+    from transformers import AutoModelForCausalLM
+    model = tiny_model("llama")
+    ids = torch.randint(0, 128, (1, 6), device=DEVICE)
+    base = logits(model, ids)
+    with torch.inference_mode():
+        with kernelize(model) as handle:
+            assert rel_err(model(ids).logits, base) < 1e-5 and handle.counts["merged_projections"] == 4
+    with kernelize(model):
+        model.save_pretrained(tmp_path)
+    again = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").to(DEVICE)
+    assert torch.equal(logits(again, ids), base)
