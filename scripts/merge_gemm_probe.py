@@ -15,20 +15,14 @@ import time
 import torch
 from torch.nn import functional as F
 
+from kernelset.bench.timing import capture
+
 GROUPS = {"qkv": (4096, 1024, 1024), "gate_up": (14336, 14336)}
 LAYERS = 8
 
 
 def graph_ms(fn) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
+    g = capture(fn)
     for _ in range(3):
         g.replay()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -335,6 +335,15 @@ def _norm_bwd_looped_kernel(DY, X, W, MEAN, RSTD, DRES, DX, M, N, stride_dy, str
 
 
 @triton.jit
+def _split_weights(W, cols, cm, offset, HAS_WEIGHT: tl.constexpr, CHUNK: tl.constexpr):
+    """offset + w over a chunk's columns in fp32 (zeros without a weight)."""
+    if HAS_WEIGHT:
+        return tl.load(W + cols, mask=cm, other=0.0).to(tl.float32) + offset
+    else:
+        return tl.zeros([CHUNK], dtype=tl.float32)
+
+
+@triton.jit
 def _norm_bwd_split_block(DY, X, W, MEAN, RSTD, DRES, DX, DW_PART, DB_PART, PART, SYNC, M, N, split, blk, grp, chunk,
                           w_in, stride_dy, stride_x, stride_dres, stride_dx, offset, IS_RMS: tl.constexpr,
                           HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DRES: tl.constexpr,
@@ -358,12 +367,10 @@ def _norm_bwd_split_block(DY, X, W, MEAN, RSTD, DRES, DX, DW_PART, DB_PART, PART
         mean = tl.zeros([ROWS], dtype=tl.float32)
     else:
         mean = tl.load(MEAN + rows, mask=rm, other=0.0)
-    if not STORE:
-        w = w_in
-    elif HAS_WEIGHT:
-        w = tl.load(W + cols, mask=cm, other=0.0).to(tl.float32) + offset
+    if STORE:
+        w = _split_weights(W, cols, cm, offset, HAS_WEIGHT, CHUNK)
     else:
-        w = tl.zeros([CHUNK], dtype=tl.float32)
+        w = w_in
     dw = tl.zeros([CHUNK], dtype=tl.float32)
     db = tl.zeros([CHUNK], dtype=tl.float32)
     if PHASE != 2:
@@ -431,10 +438,7 @@ def _norm_bwd_split_kernel(DY, X, W, MEAN, RSTD, DRES, DX, DW_PART, DB_PART, PAR
     else:
         cols = chunk * CHUNK + tl.arange(0, CHUNK)
         cm = cols < N
-        if HAS_WEIGHT:
-            w = tl.load(W + cols, mask=cm, other=0.0).to(tl.float32) + offset
-        else:
-            w = tl.zeros([CHUNK], dtype=tl.float32)
+        w = _split_weights(W, cols, cm, offset, HAS_WEIGHT, CHUNK)
         dw = tl.zeros([CHUNK], dtype=tl.float32)
         db = tl.zeros([CHUNK], dtype=tl.float32)
         for i in range(0, PER):  # blocks past M are all masked (their counters exist: no branch)
