@@ -20,6 +20,7 @@ import torch
 
 from ...core.alloc import empty
 from ...core.arch import ArchRange, device_arch
+from ...core.autograd import needs_grad
 from ...core.enums import Backend, KsEnum
 from ...core.registry import BenchCase, Cost, Impl, OpSpec, Problem, declare_op, register_impl
 from ...core.support import triton_device
@@ -34,7 +35,10 @@ def _size(dtype: torch.dtype) -> int:
 
 
 def _unit(*ts: torch.Tensor) -> bool:
-    return all(t.stride(-1) == 1 or t.shape[-1] <= 1 for t in ts)
+    for t in ts:  # a loop, not all(generator): this runs in every attention call's dispatch key
+        if t.stride(-1) != 1 and t.shape[-1] > 1:
+            return False
+    return True
 
 
 def _paged_key(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q=None):
@@ -248,7 +252,6 @@ def _train(q, k, v, sinks, need_lse, return_lse, train) -> tuple[bool, bool]:
     tensors that require grad explains a training call). ``return_lse`` is need_lse's alias."""
     need_lse = bool(need_lse or return_lse)
     if train is None:
-        from ...core.autograd import needs_grad
         train = needs_grad(q, k, v, sinks)
     return need_lse, bool(train) and not need_lse
 
@@ -502,30 +505,33 @@ def _r_flash_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scal
     return dq, dk, dv, (grads[3] if s is not None else None)
 
 
-def _sdpa_direct(backend: AttnBackend, q, k, v, causal: bool, scale: float) -> torch.Tensor | None:
+def _sdpa_direct(backend: AttnBackend, q, k, v, causal: bool, scale: float) -> tuple | None:
     """SDPA's own kernel for ``backend``, called as F.scaled_dot_product_attention calls it once it
     has picked that backend (q, k, v [B, H, S, D]; GQA passed through, which torch's flash and cuDNN
     kernels take as is; the efficient kernel is only picked without GQA), skipping the
-    ``sdpa_kernel`` context (~15-40 us of host time per call) and the backend selection. None where
-    that call would differ (CPU, or a head size F.sdpa pads to a multiple of 8 for flash)."""
+    ``sdpa_kernel`` context (~15-40 us of host time per call) and the backend selection. Returns
+    (out, the kernel's LSE [B, H, Sq] or None where it computes none), or None where that call
+    would differ (CPU, or a head size F.sdpa pads to a multiple of 8 for flash)."""
     if q.device.type != "cuda":
         return None
     aten = torch.ops.aten
     if backend is AttnBackend.SDPA_FLASH:
         if q.shape[-1] % 8 or v.shape[-1] % 8:
             return None
-        return aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)[0]
+        res = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)
+        return res[0], res[1]  # flash computes its LSE anyway: no buffer to allocate for it
     if backend is AttnBackend.SDPA_CUDNN:
-        return aten._scaled_dot_product_cudnn_attention(q, k, v, None, False, 0.0, causal, False, scale=scale)[0]
+        return aten._scaled_dot_product_cudnn_attention(q, k, v, None, False, 0.0, causal, False, scale=scale)[0], None
     if q.shape[1] != k.shape[1]:
         return None
-    return aten._scaled_dot_product_efficient_attention(q, k, v, None, False, 0.0, causal, scale=scale)[0]
+    return aten._scaled_dot_product_efficient_attention(q, k, v, None, False, 0.0, causal, scale=scale)[0], None
 
 
 def _sdpa_forward(backend: AttnBackend):
     def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, sinks, need_lse):
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        out = _sdpa_direct(backend, qt, kt, vt, causal, scale) if _DIRECT_SDPA else None
+        res = _sdpa_direct(backend, qt, kt, vt, causal, scale) if _DIRECT_SDPA else None
+        out, lse = res if res is not None else (None, None)
         if out is None:
             import torch.nn.functional as F
             from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -536,8 +542,9 @@ def _sdpa_forward(backend: AttnBackend):
             with sdpa_kernel([which]):
                 out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale,
                                                      **({"enable_gqa": True} if gqa else {}))
-        # the LSE is not computed (supports() rejects calls that need it); an unwritten buffer of its shape
-        lse = empty((q.shape[0], q.shape[2], q.shape[1]), torch.float32, q.device)
+        if lse is None:
+            # the LSE is not asked for (supports() rejects calls that need it); a buffer of its shape
+            lse = empty((q.shape[0], q.shape[2], q.shape[1]), torch.float32, q.device)
         return out.transpose(1, 2).contiguous(), lse
     return forward
 
