@@ -306,7 +306,7 @@ def test_adjacent_halves_of_a_merged_projection():
 
 def test_merged_projections_under_inference_mode_and_save_pretrained(tmp_path):
     """kernelize inside torch.inference_mode, and save_pretrained while the projections share one
-    matrix: the checkpoint reloads to the same model (transformers saves disjoint views apart)."""
+    matrix: the checkpoint reloads to the same parameters (transformers saves disjoint views apart)."""
     from transformers import AutoModelForCausalLM
     model = tiny_model("llama")
     ids = torch.randint(0, 128, (1, 6), device=DEVICE)
@@ -317,4 +317,8 @@ def test_merged_projections_under_inference_mode_and_save_pretrained(tmp_path):
     with kernelize(model):
         model.save_pretrained(tmp_path)
     again = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").to(DEVICE)
-    assert torch.equal(logits(again, ids), base)
+    want = model.state_dict()
+    got = again.state_dict()
+    assert set(got) == set(want) and all(torch.equal(got[n], want[n]) for n in want)
+    # (bitwise logits are not promised across two allocations on a GPU: cuBLAS may pick by alignment)
+    assert rel_err(logits(again, ids), base) < 1e-6
