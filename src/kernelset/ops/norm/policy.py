@@ -61,12 +61,13 @@ class NormTuning:
     # its columns: the fp32 partials written and read back shrink by that factor (one per block,
     # they are 10% of RMSNorm's traffic at 8-row blocks and 20% of LayerNorm's, with db; twice
     # that where rows past sms * chunk columns halve the block). ``_wide`` where the policy halved
-    # the rows. H100 (norm_bwd_tune.py, s15 runs 5 and 9): at 1024x262144 (4-row blocks) 8 per
-    # program: RMSNorm 61.5 -> 63.9-65.6%, LayerNorm 49.7-49.9 -> 53.0-55.1% of copy; at
-    # 4096x65536 and 8192x16384 (8-row blocks) within a point or two either way (RMSNorm 77.5 /
-    # 79.2% with one block), so one. The loop costs registers, and ptxas's allocation varies with
-    # its form (one version lost 10 points with one block in a loop; an unrolled one spilled):
-    # re-measure per change.
+    # the rows. H100 (s15): at 1024x262144 (4-row blocks) 8 per program, fwd+bwd RMSNorm 61.5 ->
+    # 65.4%, LayerNorm 49.9 -> 55.2% of copy (norm_bwd_tune.py, runs 9-10); at 8-row blocks the
+    # loop's kernel costs more than the sum it saves (backward alone, split_jitter.py run 12:
+    # RMSNorm 0.385 against 0.375 ms at 8192x16384, LayerNorm 1.037 against 0.916 ms at
+    # 4096x65536), so one. The loop costs registers, and ptxas's allocation varies with its form
+    # (a runtime loop even for one block lost 10 points; an unrolled one spilled): re-measure per
+    # change.
     split_blocks_bwd: int = 1
     split_blocks_bwd_wide: int = 8
     split_min_programs_bwd: int = 8  # per SM: fewer blocks per program where the grid would be smaller
