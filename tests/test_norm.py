@@ -201,6 +201,24 @@ def test_layer_norm(backend, dtype, case, affine, device):
         _check(b.grad, br.grad, dtype, "db", grad=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_layer_norm_looped_statistics_hold_a_drifting_offset_mean(dtype, device):
+    """The looped LayerNorm forward's statistics (16-bit x: per-lane Welford means merged per row;
+    fp32 x: per-chunk pairs merged) on rows far from zero whose mean drifts from chunk to chunk and
+    differs from lane to lane, with a ragged last chunk (1000 = 7 x 128 + 104), against float64 on
+    the same input."""
+    n = 1000
+    # columns of one lane share a chunk offset: most of the variance lies between lanes
+    cols = 50.0 * torch.randn(n, device=device) + torch.linspace(-50.0, 50.0, n, device=device)
+    x = (1000.0 + cols + torch.randn(3, n, device=device)).to(dtype)
+    w, b = torch.randn(n, device=device), torch.randn(n, device=device)
+    with policy.use(SMALL_TUNING):
+        assert policy.fwd_policy(3, n, 132, policy.active()).looped
+        y = ks.layer_norm(x, w.to(dtype), b.to(dtype), eps=1e-5, backend="triton")
+    want = torch.nn.functional.layer_norm(x.double(), (n,), w.to(dtype).double(), b.to(dtype).double(), 1e-5)
+    assert rel_err(y, want.float()) < (2e-5 if dtype == torch.float32 else tolerance("norm", dtype))
+
+
 def test_layer_norm_matches_torch(device):
     x = torch.randn(4, 300, device=device)
     w, b = torch.randn(300, device=device), torch.randn(300, device=device)
