@@ -203,10 +203,9 @@ def test_layer_norm(backend, dtype, case, affine, device):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_layer_norm_looped_statistics_hold_a_drifting_offset_mean(dtype, device):
-    """The looped LayerNorm forward's statistics (16-bit x: per-lane Welford means merged per row;
-    fp32 x: per-chunk pairs merged) on rows far from zero whose mean drifts from chunk to chunk and
-    differs from lane to lane, with a ragged last chunk (1000 = 7 x 128 + 104), against float64 on
-    the same input."""
+    """The looped LayerNorm forward's statistics (per-chunk (mean, M2) pairs merged) on rows far
+    from zero whose mean drifts from chunk to chunk and differs from lane to lane, with a ragged
+    last chunk (1000 = 7 x 128 + 104), against float64 on the same input."""
     n = 1000
     # columns of one lane share a chunk offset: most of the variance lies between lanes
     cols = 50.0 * torch.randn(n, device=device) + torch.linspace(-50.0, 50.0, n, device=device)

@@ -80,15 +80,9 @@ def _norm_fwd_looped_kernel(X, R, W, B, Y, H, MEAN, RSTD, M, N, stride_x, stride
     for row_i in range(tl.program_id(0), M, tl.num_programs(0)):
         row = tl.cast(row_i, tl.int64)
         x_row = X + row * stride_x
-        # Pass 1: statistics. LayerNorm of 16-bit x keeps a running (mean, M2) per lane (Welford:
-        # every lane of a full chunk takes one more element, so the update's 1/count is one scalar
-        # per chunk) and merges the lanes once per row (Chan et al.): as exact as two passes over
-        # the row, without a third read, and without a cross-warp reduction per chunk (two per
-        # chunk made pass 1 latency-bound: 72% of copy at 4096x65536 against RMSNorm's 94%). fp32
-        # x merges per-chunk (mean, M2) pairs instead: its lanes' three fp32 vectors spill.
-        LANES: tl.constexpr = X.dtype.element_ty != tl.float32
+        # Pass 1: statistics. LayerNorm merges per-chunk (mean, M2) pairs (Chan et al.), which
+        # is as exact as two passes over the row without a third read.
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        lmean = tl.zeros([BLOCK_N], dtype=tl.float32)
         mean = 0.0
         m2 = 0.0
         count = 0.0
@@ -110,11 +104,6 @@ def _norm_fwd_looped_kernel(X, R, W, B, Y, H, MEAN, RSTD, M, N, stride_x, stride
             xf = x.to(tl.float32)
             if IS_RMS:
                 acc += xf * xf
-            elif LANES:  # acc: the lanes' M2; only the last chunk has masked lanes, which keep theirs
-                d = xf - lmean
-                upd = lmean + d * (1.0 / (start // BLOCK_N + 1))
-                acc = tl.where(m, acc + d * (xf - upd), acc)
-                lmean = tl.where(m, upd, lmean)
             else:
                 n_c = tl.minimum(N - start, BLOCK_N).to(tl.float32)
                 mean_c = tl.sum(xf, axis=0) / n_c
@@ -127,11 +116,6 @@ def _norm_fwd_looped_kernel(X, R, W, B, Y, H, MEAN, RSTD, M, N, stride_x, stride
                 count = total
         if IS_RMS:
             var = tl.sum(acc, axis=0) / N
-        elif LANES:
-            n_lane = ((N // BLOCK_N) + (cols0 < N % BLOCK_N).to(tl.int32)).to(tl.float32)
-            mean = tl.sum(n_lane * lmean, axis=0) / N
-            dm = lmean - mean
-            var = (tl.sum(acc, axis=0) + tl.sum(n_lane * dm * dm, axis=0)) / N
         else:
             var = m2 / N
         rstd = tl.rsqrt(var + eps)
