@@ -91,18 +91,22 @@ class MergedGroup:
         lin = self.linears[i]
 
         def forward(x: torch.Tensor) -> torch.Tensor:
-            if torch.compiler.is_compiling() or not self.usable():
+            if torch.compiler.is_compiling():
                 return F.linear(x, lin.weight, lin.bias)
             st = self.local
             outs = getattr(st, "outs", None)
             version = None if x.is_inference() else x._version
-            if outs is not None and outs[i] is not None and st.x is x and st.version == version:
+            if (outs is not None and outs[i] is not None and st.x is x and st.version == version
+                    and not (torch.is_grad_enabled() and lin.weight.requires_grad)):
+                # a sibling ran the group's GEMM on this very input (it checked usable()) moments ago
                 y = outs[i]
                 outs[i] = None
                 st.left -= 1
                 if st.left == 0:
                     st.outs = st.x = None
                 return y
+            if not self.usable():
+                return F.linear(x, lin.weight, lin.bias)
             ys = list(F.linear(x, self.weight, self.bias).split(self.sizes, -1))
             self.counts["merged_projections"] += 1
             y, ys[i] = ys[i], None

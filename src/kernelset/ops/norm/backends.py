@@ -210,7 +210,7 @@ def _kernels(p: Problem) -> str:
         fwd = "looped forward" if pol.fwd_policy(1, n, sms, t).looped else "block forward"
     bsp, rows = pol.bwd_split_policy(n, sms, t)
     if bsp.split:
-        per = t.split_blocks_bwd_wide if rows < t.split_rows_bwd else t.split_blocks_bwd
+        per = pol.bwd_split_blocks(rows, t)
         bwd = (f"split backward (tiles of {rows} rows x {bsp.chunk} columns, {bsp.split} per row"
                + (f", up to {per} row blocks per program)" if per > 1 else ")"))
     else:

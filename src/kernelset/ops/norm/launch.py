@@ -113,10 +113,11 @@ def norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, mea
     has_w = weight is not None
     dummy = dx
     st = (mean if mean is not None else rstd, rstd)
-    sp, rows = bwd_split_policy(n, sm_count(x.device), tuning)
+    sms = sm_count(x.device)
+    sp, rows = bwd_split_policy(n, sms, tuning)
     if sp.split:
         blocks = -(-m // rows)
-        per = bwd_split_per_prog(blocks, rows, sp.split, sm_count(x.device), tuning)
+        per = bwd_split_per_prog(blocks, rows, sp.split, sms, tuning)
         groups = -(-blocks // per)
         dw_part = empty((groups, n), torch.float32, x.device) if has_w else None
         db_part = empty((groups, n), torch.float32, x.device) if has_bias else None
@@ -131,7 +132,7 @@ def norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, mea
                        ROWS=rows, CHUNK=sp.chunk, SPLIT_P2=sp.split_p2, PER=per, PHASE=phase, num_warps=sp.num_warps,
                        fp_fusion=False)  # no FMA: both launch forms give the same bits
         return dx, (dw_part.sum(0) if has_w else None), (db_part.sum(0) if has_bias else None)
-    p = bwd_policy(m, n, sm_count(x.device), tuning)
+    p = bwd_policy(m, n, sms, tuning)
     parts = p.dwdb_grid[1] if p.looped else p.grid
     dw_part = empty((parts, n), torch.float32, x.device) if has_w else None
     db_part = empty((parts, n), torch.float32, x.device) if has_bias else None

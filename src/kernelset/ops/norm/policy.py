@@ -139,13 +139,18 @@ def bwd_split_policy(n: int, sms: int, t: NormTuning) -> tuple[SplitLaunch, int]
     return SplitLaunch(chunk, split, _pow2(split), t.split_warps_bwd), rows
 
 
+def bwd_split_blocks(rows: int, t: NormTuning) -> int:
+    """The most row blocks a split-backward program takes (``rows`` per block, as
+    ``bwd_split_policy`` gave): ``split_blocks_bwd``, or ``split_blocks_bwd_wide`` where the policy
+    halved the rows."""
+    return max(1, t.split_blocks_bwd_wide if rows < t.split_rows_bwd else t.split_blocks_bwd)
+
+
 @functools.lru_cache(maxsize=4096)
 def bwd_split_per_prog(blocks: int, rows: int, split: int, sms: int, t: NormTuning) -> int:
-    """Row blocks per split-backward program (``rows`` per block, as ``bwd_split_policy`` gave):
-    ``split_blocks_bwd``, or ``split_blocks_bwd_wide`` where the policy halved the rows, itself
-    halved while the grid would have fewer than ``split_min_programs_bwd`` programs per SM (short
-    batches keep every SM busy)."""
-    per = max(1, t.split_blocks_bwd_wide if rows < t.split_rows_bwd else t.split_blocks_bwd)
+    """Row blocks per split-backward program: ``bwd_split_blocks``, halved while the grid would
+    have fewer than ``split_min_programs_bwd`` programs per SM (short batches keep every SM busy)."""
+    per = bwd_split_blocks(rows, t)
     while per > 1 and -(-blocks // per) * split < t.split_min_programs_bwd * sms:
         per //= 2
     return per
