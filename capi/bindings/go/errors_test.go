@@ -150,11 +150,25 @@ func TestMessagesArePerThreadAndCleared(t *testing.T) {
 	if !errors.As(err, &e) || LastError() != e.Message {
 		t.Fatalf("LastError %q, error %v", LastError(), err)
 	}
-	other := make(chan string)
+	// The other goroutine is locked to its own OS thread (two locked goroutines never share
+	// one). That thread may be a pooled one holding an earlier test's message, so it first
+	// clears its own with a successful call, then waits for this thread's failure.
+	ready, failed, other := make(chan error), make(chan struct{}), make(chan string)
+	ox, oy := filled(t, 2, 4), mustTensor(t, Float32, 2, 4) // made here: t.Fatal belongs to this goroutine
 	go func() {
-		runtime.LockOSThread() // a fresh thread: this goroutine's thread is never the locked one
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		ready <- Softmax(ox, oy, nil, nil)
+		<-failed
 		other <- LastError()
 	}()
+	if err := <-ready; err != nil {
+		t.Fatal(err)
+	}
+	if err := Softmax(mustTensor(t, Int32, 2, 4), y, nil, nil); err == nil || LastError() == "" {
+		t.Fatalf("a second int32 softmax: %v, LastError %q", err, LastError())
+	}
+	close(failed)
 	if m := <-other; m != "" {
 		t.Fatalf("another thread sees %q", m)
 	}
