@@ -61,7 +61,13 @@ type Error struct {
 
 func (e *Error) Error() string { return e.Status.String() + ": " + e.Message }
 
-func check(s C.ks_status_t) error {
+// call runs one C entry point and reads its message on the same OS thread: ks_last_error is per
+// thread, and between two cgo calls the Go scheduler may move a goroutine to another thread (it
+// would then read another call's message, or none).
+func call(f func() C.ks_status_t) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	s := f()
 	if s == C.KS_OK {
 		return nil
 	}
@@ -147,7 +153,7 @@ type Stream unsafe.Pointer
 // its size, versions, and every function pointer equal to the symbol of the same name.
 func VerifyAPITable() error {
 	var t *C.ks_api_t
-	if err := check(C.ks_get_api(ABIMajor, ABIMinor, &t)); err != nil {
+	if err := call(func() C.ks_status_t { return C.ks_get_api(ABIMajor, ABIMinor, &t) }); err != nil {
 		return err
 	}
 	if uintptr(t.size) < unsafe.Sizeof(*t) || t.abi_major != ABIMajor || t.abi_minor < ABIMinor {
@@ -200,7 +206,7 @@ func VerifyAPITable() error {
 // GetAPI calls ks_get_api(major, minMinor) and returns the table's size and version.
 func GetAPI(major, minMinor int32) (size uintptr, abiMajor, abiMinor int32, err error) {
 	var t *C.ks_api_t
-	if err := check(C.ks_get_api(C.int32_t(major), C.int32_t(minMinor), &t)); err != nil {
+	if err := call(func() C.ks_status_t { return C.ks_get_api(C.int32_t(major), C.int32_t(minMinor), &t) }); err != nil {
 		return 0, 0, 0, err
 	}
 	return uintptr(t.size), int32(t.abi_major), int32(t.abi_minor), nil
@@ -217,9 +223,11 @@ func QuerySupport(op Op, tensors []*Tensor, options Options) error {
 	if options != nil {
 		o = options.cOptions()
 	}
-	s := C.ks_query_support(C.ks_op_t(op), (**C.DLTensor)(unsafe.Pointer(&ptrs[0])), C.int32_t(len(tensors)), o)
+	err := call(func() C.ks_status_t {
+		return C.ks_query_support(C.ks_op_t(op), (**C.DLTensor)(unsafe.Pointer(&ptrs[0])), C.int32_t(len(tensors)), o)
+	})
 	runtime.KeepAlive(tensors)
-	return check(s)
+	return err
 }
 
 func dl(t *Tensor) *C.DLTensor {

@@ -17,7 +17,7 @@ type Options interface {
 }
 
 func initOptions(op Op, p unsafe.Pointer, size uintptr) error {
-	return check(C.ks_options_init(C.ks_op_t(op), p, C.size_t(size)))
+	return call(func() C.ks_status_t { return C.ks_options_init(C.ks_op_t(op), p, C.size_t(size)) })
 }
 
 // RmsNormOptions: rms_norm and fused_add_rms_norm.
@@ -347,88 +347,98 @@ func keep(ts ...*Tensor) { runtime.KeepAlive(ts) }
 // RmsNorm: out = x * rsqrt(mean(x^2) + eps) * (offset + weight) over the last dim.
 func RmsNorm(x, weight, out *Tensor, o *RmsNormOptions, s Stream) error {
 	defer keep(x, weight, out)
-	return check(C.ks_rms_norm(dl(x), dl(weight), dl(out), o.c(), stream(s)))
+	return call(func() C.ks_status_t { return C.ks_rms_norm(dl(x), dl(weight), dl(out), o.c(), stream(s)) })
 }
 
 // FusedAddRmsNorm: residual = x + residual, out = rms_norm(residual); out may be x.
 func FusedAddRmsNorm(x, residual, weight, out *Tensor, o *RmsNormOptions, s Stream) error {
 	defer keep(x, residual, weight, out)
-	return check(C.ks_fused_add_rms_norm(dl(x), dl(residual), dl(weight), dl(out), o.c(), stream(s)))
+	return call(func() C.ks_status_t {
+		return C.ks_fused_add_rms_norm(dl(x), dl(residual), dl(weight), dl(out), o.c(), stream(s))
+	})
 }
 
 func LayerNorm(x, weight, bias, out *Tensor, o *LayerNormOptions, s Stream) error {
 	defer keep(x, weight, bias, out)
-	return check(C.ks_layer_norm(dl(x), dl(weight), dl(bias), dl(out), o.c(), stream(s)))
+	return call(func() C.ks_status_t { return C.ks_layer_norm(dl(x), dl(weight), dl(bias), dl(out), o.c(), stream(s)) })
 }
 
 // SiluAndMul: x [..., 2I] -> out [..., I] = silu(gate) * up.
 func SiluAndMul(x, out *Tensor, s Stream) error {
 	defer keep(x, out)
-	return check(C.ks_silu_and_mul(dl(x), dl(out), stream(s)))
+	return call(func() C.ks_status_t { return C.ks_silu_and_mul(dl(x), dl(out), stream(s)) })
 }
 
 func GeluAndMul(x, out *Tensor, o *GeluOptions, s Stream) error {
 	defer keep(x, out)
-	return check(C.ks_gelu_and_mul(dl(x), dl(out), o.c(), stream(s)))
+	return call(func() C.ks_status_t { return C.ks_gelu_and_mul(dl(x), dl(out), o.c(), stream(s)) })
 }
 
 func Swiglu(gate, up, out *Tensor, s Stream) error {
 	defer keep(gate, up, out)
-	return check(C.ks_swiglu(dl(gate), dl(up), dl(out), stream(s)))
+	return call(func() C.ks_status_t { return C.ks_swiglu(dl(gate), dl(up), dl(out), stream(s)) })
 }
 
 func Gelu(x, out *Tensor, o *GeluOptions, s Stream) error {
 	defer keep(x, out)
-	return check(C.ks_gelu(dl(x), dl(out), o.c(), stream(s)))
+	return call(func() C.ks_status_t { return C.ks_gelu(dl(x), dl(out), o.c(), stream(s)) })
 }
 
 func SwigluOai(x, out *Tensor, o *SwigluOaiOptions, s Stream) error {
 	defer keep(x, out)
-	return check(C.ks_swiglu_oai(dl(x), dl(out), o.c(), stream(s)))
+	return call(func() C.ks_status_t { return C.ks_swiglu_oai(dl(x), dl(out), o.c(), stream(s)) })
 }
 
 func Softmax(x, out *Tensor, o *SoftmaxOptions, s Stream) error {
 	defer keep(x, out)
-	return check(C.ks_softmax(dl(x), dl(out), o.c(), stream(s)))
+	return call(func() C.ks_status_t { return C.ks_softmax(dl(x), dl(out), o.c(), stream(s)) })
 }
 
 func LogSoftmax(x, out *Tensor, o *SoftmaxOptions, s Stream) error {
 	defer keep(x, out)
-	return check(C.ks_log_softmax(dl(x), dl(out), o.c(), stream(s)))
+	return call(func() C.ks_status_t { return C.ks_log_softmax(dl(x), dl(out), o.c(), stream(s)) })
 }
 
 // CrossEntropy: logits [T, V], target [T] int32/int64 -> loss float32 ([T] or 0-d).
 func CrossEntropy(logits, target, loss *Tensor, o *CrossEntropyOptions, s Stream) error {
 	defer keep(logits, target, loss)
-	return check(C.ks_cross_entropy(dl(logits), dl(target), dl(loss), o.c(), stream(s)))
+	return call(func() C.ks_status_t { return C.ks_cross_entropy(dl(logits), dl(target), dl(loss), o.c(), stream(s)) })
 }
 
 func Embedding(ids, weight, out *Tensor, s Stream) error {
 	defer keep(ids, weight, out)
-	return check(C.ks_embedding(dl(ids), dl(weight), dl(out), stream(s)))
+	return call(func() C.ks_status_t { return C.ks_embedding(dl(ids), dl(weight), dl(out), stream(s)) })
 }
 
 // RotaryEmbedding rotates q and k (may be nil) in place.
 func RotaryEmbedding(positions, q, k, cosSinCache *Tensor, o *RopeOptions, s Stream) error {
 	defer keep(positions, q, k, cosSinCache)
-	return check(C.ks_rotary_embedding(dl(positions), dl(q), dl(k), dl(cosSinCache), o.c(), stream(s)))
+	return call(func() C.ks_status_t {
+		return C.ks_rotary_embedding(dl(positions), dl(q), dl(k), dl(cosSinCache), o.c(), stream(s))
+	})
 }
 
 func Mrope(positions, q, k, cosSinCache *Tensor, o *MropeOptions, s Stream) error {
 	defer keep(positions, q, k, cosSinCache)
-	return check(C.ks_mrope(dl(positions), dl(q), dl(k), dl(cosSinCache), o.c(), stream(s)))
+	return call(func() C.ks_status_t {
+		return C.ks_mrope(dl(positions), dl(q), dl(k), dl(cosSinCache), o.c(), stream(s))
+	})
 }
 
 func QkNormRope(q, k, qWeight, kWeight, cosSinCache, positions *Tensor, o *QkNormRopeOptions, s Stream) error {
 	defer keep(q, k, qWeight, kWeight, cosSinCache, positions)
-	return check(C.ks_qk_norm_rope(dl(q), dl(k), dl(qWeight), dl(kWeight), dl(cosSinCache), dl(positions), o.c(),
-		stream(s)))
+	return call(func() C.ks_status_t {
+		return C.ks_qk_norm_rope(dl(q), dl(k), dl(qWeight), dl(kWeight), dl(cosSinCache), dl(positions), o.c(),
+			stream(s))
+	})
 }
 
 func ReshapeAndCache(key, value, kCache, vCache, slotMapping, kScale, vScale *Tensor, s Stream) error {
 	defer keep(key, value, kCache, vCache, slotMapping, kScale, vScale)
-	return check(C.ks_reshape_and_cache(dl(key), dl(value), dl(kCache), dl(vCache), dl(slotMapping), dl(kScale),
-		dl(vScale), stream(s)))
+	return call(func() C.ks_status_t {
+		return C.ks_reshape_and_cache(dl(key), dl(value), dl(kCache), dl(vCache), dl(slotMapping), dl(kScale),
+			dl(vScale), stream(s))
+	})
 }
 
 // CopyBlocks: cache[dst] = cache[src] for each (src, dst) row of blockMapping, in every layer.
@@ -444,14 +454,18 @@ func CopyBlocks(kCaches, vCaches []*Tensor, blockMapping *Tensor, s Stream) erro
 	defer keep(blockMapping)
 	defer runtime.KeepAlive(kCaches)
 	defer runtime.KeepAlive(vCaches)
-	return check(C.ks_copy_blocks(&ks[0], &vs[0], C.int32_t(len(kCaches)), dl(blockMapping), stream(s)))
+	return call(func() C.ks_status_t {
+		return C.ks_copy_blocks(&ks[0], &vs[0], C.int32_t(len(kCaches)), dl(blockMapping), stream(s))
+	})
 }
 
 // PagedAttentionWorkspaceSize: bytes of the split-KV workspace for these shapes.
 func PagedAttentionWorkspaceSize(q, kCache *Tensor, maxSeqLen int64) (int, error) {
 	defer keep(q, kCache)
 	var n C.size_t
-	if err := check(C.ks_paged_attention_workspace_size(dl(q), dl(kCache), C.int64_t(maxSeqLen), &n)); err != nil {
+	if err := call(func() C.ks_status_t {
+		return C.ks_paged_attention_workspace_size(dl(q), dl(kCache), C.int64_t(maxSeqLen), &n)
+	}); err != nil {
 		return 0, err
 	}
 	return int(n), nil
@@ -467,28 +481,36 @@ type PagedInputs struct {
 func PagedAttention(in PagedInputs, out, lse, workspace *Tensor, o *AttentionOptions, s Stream) error {
 	defer keep(in.Q, in.KCache, in.VCache, in.BlockTable, in.SeqLens, in.CuSeqlensQ, in.Sinks, in.KScale, in.VScale,
 		out, lse, workspace)
-	return check(C.ks_paged_attention(dl(in.Q), dl(in.KCache), dl(in.VCache), dl(in.BlockTable), dl(in.SeqLens),
-		dl(in.CuSeqlensQ), C.int64_t(in.MaxSeqlenQ), C.int64_t(in.MaxSeqLen), dl(in.Sinks), dl(in.KScale),
-		dl(in.VScale), dl(out), dl(lse), dl(workspace), o.c(), stream(s)))
+	return call(func() C.ks_status_t {
+		return C.ks_paged_attention(dl(in.Q), dl(in.KCache), dl(in.VCache), dl(in.BlockTable), dl(in.SeqLens),
+			dl(in.CuSeqlensQ), C.int64_t(in.MaxSeqlenQ), C.int64_t(in.MaxSeqLen), dl(in.Sinks), dl(in.KScale),
+			dl(in.VScale), dl(out), dl(lse), dl(workspace), o.c(), stream(s))
+	})
 }
 
 func MergeAttnStates(outA, lseA, outB, lseB, out, lse *Tensor, s Stream) error {
 	defer keep(outA, lseA, outB, lseB, out, lse)
-	return check(C.ks_merge_attn_states(dl(outA), dl(lseA), dl(outB), dl(lseB), dl(out), dl(lse), stream(s)))
+	return call(func() C.ks_status_t {
+		return C.ks_merge_attn_states(dl(outA), dl(lseA), dl(outB), dl(lseB), dl(out), dl(lse), stream(s))
+	})
 }
 
 // FlashAttention: q [B, S, Hq, D], k/v [B, Sk, Hkv, D(v)] -> out [B, S, Hq, Dv], lse [B, Hq, S].
 func FlashAttention(q, k, v, sinks, out, lse *Tensor, o *AttentionOptions, s Stream) error {
 	defer keep(q, k, v, sinks, out, lse)
-	return check(C.ks_flash_attention(dl(q), dl(k), dl(v), dl(sinks), dl(out), dl(lse), o.c(), stream(s)))
+	return call(func() C.ks_status_t {
+		return C.ks_flash_attention(dl(q), dl(k), dl(v), dl(sinks), dl(out), dl(lse), o.c(), stream(s))
+	})
 }
 
 // FlashAttentionVarlen: packed sequences, cu_seqlens [B+1] int32; lse [Hq, T].
 func FlashAttentionVarlen(q, k, v, cuSeqlensQ, cuSeqlensK *Tensor, maxSeqlenQ, maxSeqlenK int64, sinks, out,
 	lse *Tensor, o *AttentionOptions, s Stream) error {
 	defer keep(q, k, v, cuSeqlensQ, cuSeqlensK, sinks, out, lse)
-	return check(C.ks_flash_attention_varlen(dl(q), dl(k), dl(v), dl(cuSeqlensQ), dl(cuSeqlensK),
-		C.int64_t(maxSeqlenQ), C.int64_t(maxSeqlenK), dl(sinks), dl(out), dl(lse), o.c(), stream(s)))
+	return call(func() C.ks_status_t {
+		return C.ks_flash_attention_varlen(dl(q), dl(k), dl(v), dl(cuSeqlensQ), dl(cuSeqlensK),
+			C.int64_t(maxSeqlenQ), C.int64_t(maxSeqlenK), dl(sinks), dl(out), dl(lse), o.c(), stream(s))
+	})
 }
 
 // MlaDecode: DeepSeek MLA decode over a paged latent cache. qNope [B, H, R], qPe [B, H, P],
@@ -497,6 +519,8 @@ func FlashAttentionVarlen(q, k, v, cuSeqlensQ, cuSeqlensK *Tensor, maxSeqlenQ, m
 func MlaDecode(qNope, qPe, kvCache, blockTable, seqLens *Tensor, maxSeqLen int64, kvScale, out, lse *Tensor,
 	o *MlaOptions, s Stream) error {
 	defer keep(qNope, qPe, kvCache, blockTable, seqLens, kvScale, out, lse)
-	return check(C.ks_mla_decode(dl(qNope), dl(qPe), dl(kvCache), dl(blockTable), dl(seqLens), C.int64_t(maxSeqLen),
-		dl(kvScale), dl(out), dl(lse), o.c(), stream(s)))
+	return call(func() C.ks_status_t {
+		return C.ks_mla_decode(dl(qNope), dl(qPe), dl(kvCache), dl(blockTable), dl(seqLens), C.int64_t(maxSeqLen),
+			dl(kvScale), dl(out), dl(lse), o.c(), stream(s))
+	})
 }
