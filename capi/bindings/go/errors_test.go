@@ -2,6 +2,7 @@ package kernelset
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"runtime"
 	"strings"
@@ -184,6 +185,49 @@ func TestMessagesArePerThreadAndCleared(t *testing.T) {
 	}
 	if math.Abs(float64(sum-1)) > 1e-6 {
 		t.Fatalf("softmax row sums to %v", sum)
+	}
+}
+
+// Errors carry their own call's message whatever thread the goroutine ran on: goroutines that
+// are not locked to a thread fail in two different ways, and succeed, concurrently.
+func TestErrorsCarryTheirOwnMessageAcrossGoroutines(t *testing.T) {
+	const workers, calls = 8, 3000
+	type io struct{ i32, f32, good, small *Tensor }
+	ins := make([]io, workers)
+	for w := range ins { // made here: t.Fatal belongs to this goroutine
+		ins[w] = io{mustTensor(t, Int32, 2, 4), mustTensor(t, Float32, 2, 4), filled(t, 2, 4), mustTensor(t, Float32, 2, 2)}
+	}
+	bad := make(chan string, workers)
+	for w := 0; w < workers; w++ {
+		go func(in io) {
+			for i := 0; i < calls; i++ {
+				var err error
+				var want string
+				switch i % 3 {
+				case 0:
+					err, want = Softmax(in.i32, in.f32, nil, nil), "x"
+				case 1:
+					err, want = Softmax(in.good, in.small, nil, nil), "out"
+				default:
+					if err = Softmax(in.good, in.f32, nil, nil); err != nil {
+						bad <- "a valid softmax failed: " + err.Error()
+						return
+					}
+					continue
+				}
+				var e *Error
+				if !errors.As(err, &e) || !strings.HasPrefix(e.Message, want) {
+					bad <- fmt.Sprintf("call %d expected a message about %q, got %v", i, want, err)
+					return
+				}
+			}
+			bad <- ""
+		}(ins[w])
+	}
+	for w := 0; w < workers; w++ {
+		if m := <-bad; m != "" {
+			t.Fatal(m)
+		}
 	}
 }
 
