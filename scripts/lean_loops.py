@@ -1,4 +1,4 @@
-"""Experiment: a cross-entropy kernel with fewer instructions per logit than the shipped looped one.
+"""Experiment: looped cross-entropy and softmax kernels with fewer instructions per element than the shipped ones.
 
 The shipped ``_ce_fwd_kernel`` (ops/loss/kernels.py) compiles, on sm_90 with Triton 3.6, to 221
 instructions per 16-logit step of pass 1 and 211 of pass 2 per thread (``--sass`` below counts
@@ -14,9 +14,12 @@ Here (same arguments, same results):
   - pass 2 writes softmax * coef everywhere and the target's logit is corrected once per row,
     after a CTA barrier (so its store lands after the chunk store of the same element).
 
-    python scripts/ce_lean.py               # GPU: check against fp32, then time against the shipped kernel
-    python scripts/ce_lean.py --sass        # CPU (Triton 3.6 venv): instructions per loop, both kernels
-    TRITON_INTERPRET=1 python scripts/ce_lean.py --check   # CPU: correctness on small shapes
+The same form for softmax's looped forward (``_softmax_lean_kernel``), against the shipped split
+forward (4096x131072: 86.9% of copy in ``ksctl bench``, bar 90%) and looped one.
+
+    python scripts/lean_loops.py            # GPU: check against fp32, then time against the shipped kernels
+    python scripts/lean_loops.py --sass     # CPU (Triton 3.6 venv): instructions per loop, both kernels
+    TRITON_INTERPRET=1 python scripts/lean_loops.py --check   # CPU: correctness on small shapes
 """
 from __future__ import annotations
 
@@ -125,6 +128,66 @@ def _ce_lean_kernel(X, T, LOSS, LSE, DX, SCALE, M, V, stride_x, stride_dx, ignor
             tl.store(dx_row + tl.where(valid, t, 0), gt.to(DX.dtype.element_ty), mask=valid)
 
 
+@triton.jit
+def _softmax_lean_kernel(X, Y, M, N, stride_x, stride_y, inv_t, BLOCK: tl.constexpr, EPT: tl.constexpr):
+    # softmax's looped forward in the form of _ce_lean_kernel: per-lane (max, sum) over unmasked
+    # full chunks, the tail masked, the output pass in reverse (rows in flight stay in L2)
+    LANES: tl.constexpr = BLOCK // EPT
+    offs2 = tl.arange(0, LANES)[:, None] * EPT + tl.arange(0, EPT)[None, :]
+    cols0 = tl.arange(0, BLOCK)
+    n_full = N // BLOCK
+    tail = n_full * BLOCK
+    for row in range(tl.program_id(0), M, tl.num_programs(0)):
+        x_row = X + tl.cast(row, tl.int64) * stride_x
+        y_row = Y + tl.cast(row, tl.int64) * stride_y
+        m = tl.full([LANES], -float("inf"), tl.float32)
+        s = tl.zeros([LANES], tl.float32)
+        x_next = tl.load(x_row + offs2, mask=offs2 < N, other=0.0, eviction_policy="evict_last")
+        k2 = inv_t * _LOG2E  # temperature > 0: max(x / t) = max(x) / t, and one FMA per element
+        for c in range(0, n_full):
+            z = x_next.to(tl.float32)
+            nxt = (c + 1) * BLOCK + offs2
+            x_next = tl.load(x_row + nxt, mask=nxt < N, other=0.0, eviction_policy="evict_last")
+            m_new = tl.maximum(m, tl.max(z, axis=1) * inv_t)
+            m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+            s = s * tl.exp2((m - m_safe) * _LOG2E) + tl.sum(tl.exp2(z * k2 - (m_safe * _LOG2E)[:, None]), axis=1)
+            m = m_new
+        if tail < N:
+            z = tl.where(tail + offs2 < N, x_next.to(tl.float32), -float("inf"))
+            m_new = tl.maximum(m, tl.max(z, axis=1) * inv_t)
+            m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+            s = s * tl.exp2((m - m_safe) * _LOG2E) + tl.sum(tl.exp2(z * k2 - (m_safe * _LOG2E)[:, None]), axis=1)
+            m = m_new
+        mx = tl.max(m, axis=0)
+        mx = tl.where(mx == -float("inf"), 0.0, mx)
+        inv_s = 1.0 / tl.sum(s * tl.exp2((m - mx) * _LOG2E), axis=0)
+        mx2 = mx * _LOG2E
+        tm = tail + cols0 < N
+        x_tail = tl.load(x_row + tail + cols0, mask=tm, other=0.0, eviction_policy="evict_first")
+        x_next = tl.load(x_row + (n_full - 1) * BLOCK + cols0, mask=(n_full - 1) * BLOCK + cols0 >= 0, other=0.0,
+                         eviction_policy="evict_first")
+        y = tl.exp2(x_tail.to(tl.float32) * k2 - mx2) * inv_s
+        tl.store(y_row + tail + cols0, y.to(Y.dtype.element_ty), mask=tm, cache_modifier=".cs")
+        for i in range(0, n_full):
+            c = n_full - 1 - i
+            x = x_next.to(tl.float32)
+            x_next = tl.load(x_row + (c - 1) * BLOCK + cols0, mask=(c - 1) * BLOCK + cols0 >= 0, other=0.0,
+                             eviction_policy="evict_first")
+            y = tl.exp2(x * k2 - mx2) * inv_s
+            tl.store(y_row + c * BLOCK + cols0, y.to(Y.dtype.element_ty), cache_modifier=".cs")
+
+
+def launch_softmax_lean(x, temperature=1.0, block=16384, warps=32, programs_per_sm=4, ept=8, sms=None):
+    m, n = x.shape
+    y = torch.empty_like(x)
+    block = min(block, triton.next_power_of_2(n))
+    warps = min(warps, max(1, block // 256))
+    sms = sms or (torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4)
+    _softmax_lean_kernel[(min(m, programs_per_sm * sms),)](x, y, m, n, x.stride(0), n, 1.0 / temperature,
+                                                            BLOCK=block, EPT=min(ept, block), num_warps=warps)
+    return y
+
+
 def launch_lean(logits, target, scale, ignore_index=-100, smoothing=0.0, z_loss=0.0, softcap=None, block=16384,
                 warps=32, programs_per_sm=4, ept=8, sms=None):
     m, v = logits.shape
@@ -169,6 +232,21 @@ def check(dev, shapes, block, ept, warps=32):
     return worst
 
 
+def check_softmax(dev, shapes, block, ept, warps=32):
+    worst = 0.0
+    for (m, n) in shapes:
+        for temp in (1.0, 0.7):
+            g = torch.Generator(device="cpu").manual_seed(m * 13 + n)
+            x = (torch.randn(m, n, generator=g) * 4).to(torch.bfloat16).to(dev)
+            x[0, ::3] = -float("inf")
+            want = torch.softmax(x.double() / temp, -1)
+            y = launch_softmax_lean(x, temp, block=block, ept=ept, warps=warps)
+            err = ((y.double() - want).norm() / want.norm()).item()
+            worst = max(worst, err)
+            assert err < 1e-2, (m, n, temp, err)
+    return worst
+
+
 def sass() -> int:
     import os
     import re
@@ -186,9 +264,17 @@ def sass() -> int:
     attrs = {(k,): [["tt.divisibility", 16]] for k, (name, ty) in enumerate(sig.items())
              if ty.startswith("*") or name == "V" or name.startswith("stride")}
     bindir = os.path.dirname(get_ptxas(90).path)
-    for kern, extra in ((_ce_fwd_kernel, {}), (_ce_lean_kernel, dict(EPT=8)), (_ce_lean_kernel, dict(EPT=16))):
-        consts = dict(SOFTCAP=False, SMOOTH=False, HAS_GRAD=True, BLOCK=16384, STREAM_STORE=True, **extra)
-        src = ASTSource(kern, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts, attrs=attrs)
+    from kernelset.ops.softmax.kernels import _softmax_fwd_looped_kernel
+    ssig = dict(X=P, Y=P, M="i32", N="i32", stride_x="i32", stride_y="i32", inv_t="fp32")
+    sattrs = {(k,): [["tt.divisibility", 16]] for k, (name, ty) in enumerate(ssig.items())
+              if ty.startswith("*") or name == "N" or name.startswith("stride")}
+    ce = dict(SOFTCAP=False, SMOOTH=False, HAS_GRAD=True, BLOCK=16384, STREAM_STORE=True)
+    for kern, consts in ((_ce_fwd_kernel, ce), (_ce_lean_kernel, dict(ce, EPT=8)), (_ce_lean_kernel, dict(ce, EPT=16)),
+                         (_softmax_fwd_looped_kernel, dict(LOG=False, BLOCK_N=16384)),
+                         (_softmax_lean_kernel, dict(BLOCK=16384, EPT=8))):
+        sg, at = (sig, attrs) if "ce" in kern.__name__ else (ssig, sattrs)
+        extra = {k: v for k, v in consts.items() if k == "EPT"}
+        src = ASTSource(kern, signature={**sg, **{k: "constexpr" for k in consts}}, constexprs=consts, attrs=at)
         c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=32))
         d = "/tmp/ce_lean_sass"
         os.makedirs(d, exist_ok=True)
@@ -218,6 +304,25 @@ def gpu() -> int:
     print(f"copy {copy:.0f} GB/s")
     for ept in (8, 16):
         print(f"check EPT {ept}: worst rel err {check(dev, [(37, 128256), (64, 5000), (16, 262144), (9, 16384)], 16384, ept):.2e}")
+    print(f"check softmax: worst rel err {check_softmax(dev, [(37, 131072), (64, 5000), (9, 16384)], 16384, 8):.2e}")
+    from kernelset.ops.softmax.launch import softmax_fwd
+    for m, n in ((4096, 131072), (8192, 65536), (16384, 32768)):
+        x = torch.randn(m, n, device=dev, dtype=torch.bfloat16) * 3
+        sv = {"shipped softmax": lambda: softmax_fwd(x, 1.0, False, x.dtype)}
+        for ept, warps, pps in ((8, 32, 4), (16, 32, 4), (8, 16, 4), (8, 16, 2), (8, 32, 1)):
+            sv[f"lean softmax ept{ept} w{warps} pps{pps}"] = (
+                lambda e=ept, w=warps, p=pps: launch_softmax_lean(x, ept=e, warps=w, programs_per_sm=p))
+        rs = {k: [] for k in sv}
+        for rnd in range(5):
+            for k, f in sv.items():
+                rs[k].append(cuda_time_ms(f, warmup=3, reps=30, min_ms=30))
+        print(f"softmax fwd {m}x{n}:")
+        for k, ts in rs.items():
+            ts.sort()
+            ms = ts[len(ts) // 2]
+            print(f"   {k:40s} {ms:.4f} ms  {100 * 4 * m * n / 1e6 / ms / copy:5.1f}% of copy  "
+                  f"(rounds {ts[0]:.4f}-{ts[-1]:.4f})")
+        del x
     m, v = 8192, 128256
     logits = torch.randn(m, v, device=dev, dtype=torch.bfloat16) * 3
     target = torch.randint(0, v, (m,), device=dev)
@@ -259,5 +364,6 @@ if __name__ == "__main__":
     if "--check" in sys.argv:
         print("worst rel err", check(torch.device("cpu"), [(5, 300), (3, 64), (4, 1000)], 128, 8, warps=1))
         print("worst rel err", check(torch.device("cpu"), [(5, 300), (4, 1000)], 128, 16, warps=1))
+        print("softmax worst rel err", check_softmax(torch.device("cpu"), [(5, 300), (3, 64), (4, 1000)], 128, 8, warps=1))
         sys.exit(0)
     sys.exit(gpu())
