@@ -193,6 +193,16 @@ def test_in_place_residual_is_x(backend):
     assert torch.equal(x, before), "a refused call must not have written anything"
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("which", ["x", "residual"])
+def test_in_place_expanded_output(backend, which):
+    # in place, an expanded x or residual would have every row write the same elements
+    args = {"x": _x(), "residual": _x()}
+    args[which] = args[which][:1].expand_as(args[which])
+    with pytest.raises(ks.ArgumentError, match=f"argument '{which}' must be a tensor of distinct elements"):
+        ks.fused_add_rms_norm(args["x"], args["residual"], None, in_place=True, backend=backend)
+
+
 # ---- backend --------------------------------------------------------------------------------
 
 

@@ -157,8 +157,11 @@ def _base():
     (dict(slot_mapping=torch.tensor([0, 1])), "slot_mapping"),
     (dict(k_scale=torch.tensor(1.0)), "k_scale"),
     (dict(key=torch.randn(3, 2, 64)[..., ::2], value=torch.randn(3, 2, 64)[..., ::2]), "unit-stride"),
+    # written in place: every block of an expanded cache is the same memory
+    (dict(k_cache=torch.randn(1, 16, 2, 32).expand(2, 16, 2, 32)), "'k_cache' must be a tensor of distinct"),
+    (dict(v_cache=torch.randn(2, 1, 2, 32).expand(2, 16, 2, 32)), "'v_cache' must be a tensor of distinct"),
 ], ids=["head-size", "value-dtype", "cache-3d", "v-cache-shape", "cache-dtype", "float-slots", "slots-length",
-        "scale-without-fp8", "strided-features"])
+        "scale-without-fp8", "strided-features", "expanded-k-cache", "expanded-v-cache"])
 def test_bad_input(change, match):
     args = _base()
     args.update(change)
@@ -227,6 +230,8 @@ def test_copy_blocks_bad_input(device):
         ks.copy_blocks(kc, [torch.randn(4, 16, 2, 16, device=device)], torch.tensor([[0, 1]], device=device))
     with pytest.raises(TypeError, match="k_caches"):
         ks.copy_blocks(kc[0], vc, torch.tensor([[0, 1]], device=device))
+    with pytest.raises(ks.ArgumentError, match=r"'v_caches\[0\]' must be a tensor of distinct elements"):
+        ks.copy_blocks(kc, [vc[0][:1].expand(4, 16, 2, 32)], torch.tensor([[0, 1]], device=device))
     before = kc[0].clone()
     ks.copy_blocks(kc, vc, torch.tensor([[0, 9], [1, 2]], device=device), check_blocks=False, backend="triton")
     assert torch.equal(kc[0][2], before[1]) and torch.equal(kc[0][:2], before[:2]), "bad pair skipped"
@@ -261,6 +266,8 @@ def test_swap_blocks_bad_input(device):
         ks.swap_blocks(src, dst.half(), torch.tensor([[0, 0]]))
     with pytest.raises(TypeError, match="block_mapping"):
         ks.swap_blocks(src, dst, torch.tensor([[0, 0]], dtype=torch.int32))
+    with pytest.raises(ks.ArgumentError, match="'dst' must be a tensor of distinct elements"):
+        ks.swap_blocks(src, dst[:1].expand(3, 4, 2, 32), torch.tensor([[0, 0]]))
 
 
 @pytest.mark.gpu

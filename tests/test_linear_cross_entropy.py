@@ -237,10 +237,12 @@ def test_strided_target_and_weight_honoured(case, device):
     assert rel_err(dw, grads[1]) < 1e-4
 
 
-def test_out_of_range_target_poisons_the_loss(device):
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("bad", [V, -5], ids=["past-V", "negative"])
+def test_out_of_range_target_poisons_the_loss(backend, bad, device):
     hidden, weight, _, _ = _inputs(torch.float32, device, t=3, bias=False)
-    target = torch.tensor([1, V, 2], device=device)  # V is outside [0, V)
-    loss = ks.linear_cross_entropy(hidden.detach(), weight.detach(), target, reduction="none", backend="triton")
+    target = torch.tensor([1, bad, 2], device=device)  # outside [0, V), not ignore_index
+    loss = ks.linear_cross_entropy(hidden.detach(), weight.detach(), target, reduction="none", backend=backend)
     assert loss[1].isnan() and torch.isfinite(loss[[0, 2]]).all()
 
 

@@ -78,11 +78,29 @@ def test_q_slice_of_fused_qkv_and_no_k(backend, device):
     assert torch.equal(qkv[:, hq * d:], ref[:, hq * d:]), "k and v untouched"
 
 
-def test_position_out_of_range_leaves_token_unrotated(device):
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout", ["strided", "expanded"])
+def test_strided_positions(backend, layout, device):
+    # positions that are a view (every other element of a buffer, or one position broadcast) are
+    # honoured: the Triton launch once read them as if contiguous
+    cache = _cache(16, 32, device=device)
+    pos = torch.tensor([3, 9, 1, 14, 6], device=device)
+    view = torch.stack([pos, pos + 1], 1)[:, 0] if layout == "strided" else pos[:1].expand(5)
+    q = torch.randn(5, 4, 32, device=device)
+    want = q.clone()
+    ks.rotary_embedding(view.contiguous(), want, None, cache, backend="reference")
+    ks.rotary_embedding(view, q, None, cache, backend=backend)
+    assert view.stride(0) != 1 and torch.allclose(q, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("bad", [8, 10**6, -1], ids=["max_pos", "huge", "negative"])
+def test_position_out_of_range_leaves_token_unrotated(backend, bad, device):
+    # documented for every backend (the reference once raised torch's IndexError instead)
     cache = _cache(8, 16, device=device)
     q = torch.randn(2, 2, 16, device=device)
     q0 = q.clone()
-    ks.rotary_embedding(torch.tensor([3, 8], device=device), q, None, cache, backend="triton")
+    ks.rotary_embedding(torch.tensor([3, bad], device=device), q, None, cache, backend=backend)
     assert torch.equal(q[1], q0[1]) and not torch.equal(q[0], q0[0])
 
 
@@ -93,7 +111,12 @@ def test_position_out_of_range_leaves_token_unrotated(device):
     (dict(positions=torch.tensor([0.0, 1.0])), "positions"),
     (dict(positions=torch.tensor([0, 1, 2])), "positions"),
     (dict(k=torch.randn(2, 2, 32, dtype=torch.float16)), "k"),
-], ids=["2d-q-no-head-size", "rotary-dim-mismatch", "odd-cache", "float-positions", "positions-length", "k-dtype"])
+    (dict(cos_sin_cache=torch.randn(0, 32)), "cos_sin_cache"),
+    # written in place: an expanded view would have several tokens write one element
+    (dict(q=torch.randn(1, 4, 32).expand(2, 4, 32)), "'q' must be a tensor of distinct elements"),
+    (dict(k=torch.randn(2, 1, 32).expand(2, 2, 32)), "'k' must be a tensor of distinct elements"),
+], ids=["2d-q-no-head-size", "rotary-dim-mismatch", "odd-cache", "float-positions", "positions-length", "k-dtype",
+        "empty-cache", "expanded-q", "expanded-k"])
 def test_bad_input(kwargs, match):
     args = dict(positions=torch.tensor([0, 1]), q=torch.randn(2, 4, 32), k=None, cos_sin_cache=_cache(8, 32))
     args.update(kwargs)
@@ -179,7 +202,8 @@ def test_apply_rotary(backend, dtype, case, interleaved, device):
     (dict(cos=torch.randn(6, 63), sin=torch.randn(6, 63)), "rotary_dim"),
     (dict(cos=torch.randn(5, 64)), "cos"),
     (dict(k=torch.randn(2, 2, 6, 32)), "k"),
-], ids=["bad-unsqueeze", "rotary-dim-not-cos-width", "odd-rotary-dim", "cos-seq-len", "k-head-size"])
+    (dict(k=torch.empty(2, 2, 6, 64, device="meta")), "'k' must be on the same device"),
+], ids=["bad-unsqueeze", "rotary-dim-not-cos-width", "odd-rotary-dim", "cos-seq-len", "k-head-size", "k-device"])
 def test_apply_rotary_bad_input(kwargs, match):
     args = dict(q=torch.randn(2, 4, 6, 64), k=torch.randn(2, 2, 6, 64), cos=torch.randn(6, 64),
                 sin=torch.randn(6, 64))

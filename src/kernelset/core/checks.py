@@ -85,3 +85,26 @@ def row_strided(t: torch.Tensor) -> torch.Tensor:
     """``t`` itself when its rows share one stride (what the row kernels take), else a contiguous
     copy. For gradients autograd hands over, which may be expanded (stride 0) or permuted."""
     return t if t.is_contiguous() or row_stride(t) is not None else t.contiguous()
+
+
+
+def no_overlap(op: str, name: str, t: torch.Tensor) -> None:
+    """An output written in place must have distinct elements (not an expanded or self-overlapping
+    view), or the kernel writing it races. Sufficient test, as the C ABI's: sorted by stride, each
+    dim's stride reaches past the extent of the smaller ones."""
+    if t.is_contiguous() or torch.compiler.is_compiling():
+        return  # (traced strides are symbolic; functionalization refuses such a mutation anyway)
+    layout = (t.shape, t.stride())
+    if layout in _DISTINCT:  # views of a fused projection repeat their layout on every call
+        return
+    extent = 1  # the largest offset the smaller dims reach, plus one
+    for stride, size in sorted((abs(st), size) for size, st in zip(*layout) if size > 1):
+        if stride < extent:
+            raise ArgumentError(op, name, "a tensor of distinct elements (it is written in place)",
+                                f"overlapping elements (shape {tuple(t.shape)}, strides {t.stride()})")
+        extent += stride * (size - 1)
+    if len(_DISTINCT) < 4096:
+        _DISTINCT.add(layout)
+
+
+_DISTINCT: set[tuple] = set()  # (shape, strides) that passed no_overlap

@@ -72,6 +72,8 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Ten
     op = "reshape_and_cache"
     check_cache(op, "k_cache", k_cache)
     check_cache(op, "v_cache", v_cache)
+    checks.no_overlap(op, "k_cache", k_cache)
+    checks.no_overlap(op, "v_cache", v_cache)
     checks.shape(op, "v_cache", v_cache, tuple(k_cache.shape), "k_cache's shape")
     checks.same_dtype(op, "v_cache", v_cache, "k_cache", k_cache)
     checks.same_device(op, "v_cache", v_cache, "k_cache", k_cache)
@@ -130,6 +132,8 @@ def _check_caches(op: str, k_caches: object, v_caches: object) -> tuple[list[tor
     for i, (k, v) in enumerate(zip(k_caches, v_caches)):
         check_cache(op, f"k_caches[{i}]", k)
         check_cache(op, f"v_caches[{i}]", v)
+        checks.no_overlap(op, f"k_caches[{i}]", k)
+        checks.no_overlap(op, f"v_caches[{i}]", v)
         checks.same_device(op, f"k_caches[{i}]", k, "k_caches[0]", first)
         checks.same_device(op, f"v_caches[{i}]", v, "k_caches[0]", first)
         checks.same_dtype(op, f"k_caches[{i}]", k, "k_caches[0]", first)
@@ -206,6 +210,7 @@ def swap_blocks(src: torch.Tensor, dst: torch.Tensor, block_mapping: torch.Tenso
     if tuple(src.shape[1:]) != tuple(dst.shape[1:]):
         raise ArgumentError(op, "dst", f"blocks of src's shape {tuple(src.shape[1:])}", f"shape {tuple(dst.shape)}")
     checks.same_dtype(op, "dst", dst, "src", src)
+    checks.no_overlap(op, "dst", dst)
     checks.tensor(op, "block_mapping", block_mapping, dtypes=(torch.int64,), min_ndim=2)
     if block_mapping.device.type != "cpu":
         raise ArgumentError(op, "block_mapping", "a CPU tensor (the copies are issued from the host)",

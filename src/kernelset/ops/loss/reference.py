@@ -15,20 +15,25 @@ def _acc(t: torch.Tensor) -> torch.Tensor:
 
 
 def rows(logits, target, ignore_index, label_smoothing, z_loss, softcap):
-    """(per-row loss, lse, z, valid mask, safe target) in fp32."""
+    """(per-row loss, lse, z, valid mask, safe target, counted mask) in fp32; valid: the target
+    is in [0, V), counted: it is not ignore_index."""
     x = _acc(logits)
     z = softcap * torch.tanh(x / softcap) if softcap else x
     lse = torch.logsumexp(z, dim=-1)
-    valid = target != ignore_index
+    # a target outside [0, V) that is not ignore_index poisons its row's loss with NaN and adds no
+    # gradient (as the kernels do, with no host sync); it still counts in the mean's denominator
+    counted = target != ignore_index
+    valid = counted & (target >= 0) & (target < z.shape[-1])
     t = torch.where(valid, target, torch.zeros_like(target)).long()
     zt = z.gather(-1, t.unsqueeze(-1)).squeeze(-1)
     loss = (1.0 - label_smoothing) * (lse - zt) + label_smoothing * (lse - z.mean(-1)) + z_loss * lse * lse
-    return torch.where(valid, loss, torch.zeros_like(loss)), lse, z, valid, t
+    loss = torch.where(valid, loss, torch.where(counted, torch.full_like(loss, float("nan")), torch.zeros_like(loss)))
+    return loss, lse, z, valid, t, counted
 
 
 def fwd(logits, target, ignore_index, label_smoothing, z_loss, softcap, reduction, need_grad):
-    loss, lse, z, valid, t = rows(logits, target, ignore_index, label_smoothing, z_loss, softcap)
-    scale = 1.0 / valid.sum().clamp(min=1).to(loss.dtype) if reduction == "mean" else None
+    loss, lse, z, valid, t, counted = rows(logits, target, ignore_index, label_smoothing, z_loss, softcap)
+    scale = 1.0 / counted.sum().clamp(min=1).to(loss.dtype) if reduction == "mean" else None
     out = loss if reduction == "none" else (loss.sum() * scale if reduction == "mean" else loss.sum())
     if not need_grad:
         return out, None

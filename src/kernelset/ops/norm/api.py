@@ -172,6 +172,8 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
         if x is residual or (not torch.compiler.is_compiling() and x.numel() > 0
                              and x.data_ptr() == residual.data_ptr()):
             raise ArgumentError(op, "residual", "a different tensor from x when in_place=True", "the same memory")
+        checks.no_overlap(op, "x", x)
+        checks.no_overlap(op, "residual", residual)
         if torch.compiler.is_compiling():
             torch.ops.kernelset.fused_add_rms_norm_(x, residual, weight, eps, offset, gemma, str(backend))
         else:

@@ -34,6 +34,8 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor |
     hs = _check_serving(op, q, k, cos_sin_cache, rotary_dim, head_size)
     checks.shape(op, "positions", positions, (q.shape[0],), "one position per token")
     checks.same_device(op, "positions", positions, "q", q)
+    if positions.stride(0) != 1 and positions.numel() > 1:
+        positions = positions.contiguous()  # the kernel reads positions[t] at t (T ints: a cheap copy)
     if torch.compiler.is_compiling():
         torch.ops.kernelset.rotary_embedding_(positions, q, k, cos_sin_cache, interleaved, hs, str(backend))
     else:
@@ -47,9 +49,10 @@ def _check_serving(op: str, q: torch.Tensor, k: torch.Tensor | None, cos_sin_cac
     """Checks shared by the serving-layout ops: q ``[T, H, D]`` / ``[T, H*D]``, k alike,
     cos_sin_cache ``[max_pos, R]``. Returns the head size D."""
     checks.tensor(op, "q", q, min_ndim=2)
+    checks.no_overlap(op, "q", q)
     checks.tensor(op, "cos_sin_cache", cos_sin_cache, min_ndim=2)
-    if cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] % 2:
-        raise ArgumentError(op, "cos_sin_cache", "2-D [max_pos, rotary_dim] with an even rotary_dim",
+    if cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] % 2 or cos_sin_cache.shape[0] == 0:
+        raise ArgumentError(op, "cos_sin_cache", "2-D [max_pos >= 1, rotary_dim] with an even rotary_dim",
                             f"shape {tuple(cos_sin_cache.shape)}")
     r = cos_sin_cache.shape[1]
     if rotary_dim is not None and rotary_dim != r:
@@ -71,6 +74,7 @@ def _check_serving(op: str, q: torch.Tensor, k: torch.Tensor | None, cos_sin_cac
         checks.tensor(op, "k", k, min_ndim=2)
         checks.same_dtype(op, "k", k, "q", q)
         checks.same_device(op, "k", k, "q", q)
+        checks.no_overlap(op, "k", k)
         if k.shape[0] != q.shape[0] or k[0].numel() % hs:
             raise ArgumentError(op, "k", f"[T={q.shape[0]}, Hk, {hs}] or [T, Hk * {hs}]", f"shape {tuple(k.shape)}")
     return hs
@@ -111,6 +115,7 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
         if t.dim() != 4:
             raise ArgumentError(op, name, "4-D", f"shape {tuple(t.shape)}")
     checks.same_dtype(op, "k", k, "q", q)
+    checks.same_device(op, "k", k, "q", q)
     if unsqueeze_dim not in (1, 2):
         raise ArgumentError(op, "unsqueeze_dim", "1 ([B, H, S, D]) or 2 ([B, S, H, D])", unsqueeze_dim)
     s_dim = 2 if unsqueeze_dim == 1 else 1

@@ -25,8 +25,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: b
 
 def fwd(positions, q, k, cache, interleaved, head_size):
     r = cache.shape[1]
-    cs = cache[positions.long()].float()
-    cos, sin = cs[:, None, : r // 2], cs[:, None, r // 2:]
+    cos, sin = _cos_sin(positions, cache, None, False)  # a position outside [0, max_pos): unrotated
     for x in (q, k):
         if x is None:
             continue
