@@ -458,7 +458,10 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     :func:`flash_attention`, causal bottom-right aligned per sequence; an empty sequence is
     skipped. ``check_bounds`` (one host sync; skipped under CUDA-graph capture and torch.compile)
     checks the offsets against T, Tk and the max lengths: offsets past the tensors would read out of
-    bounds. Returns out ``[T, Hq, Dv]``, or (out, lse ``[Hq, T]`` fp32) with ``return_lse``.
+    bounds. Query rows past cu_seqlens_q[-1] (padding of a packed batch) belong to no sequence:
+    the kernels leave their out, lse and gradient rows unspecified, as FlashAttention's varlen
+    does (the reference writes zeros). Returns out ``[T, Hq, Dv]``, or (out, lse ``[Hq, T]`` fp32)
+    with ``return_lse``.
     """
     op = "flash_attention_varlen"
     _check_qkv(op, q, k, v, 3, "[T, H, D]")
