@@ -160,11 +160,13 @@ def _base():
     # written in place: every block of an expanded cache is the same memory
     (dict(k_cache=torch.randn(1, 16, 2, 32).expand(2, 16, 2, 32)), "'k_cache' must be a tensor of distinct"),
     (dict(v_cache=torch.randn(2, 1, 2, 32).expand(2, 16, 2, 32)), "'v_cache' must be a tensor of distinct"),
+    (dict(v_cache="k_cache"), "'v_cache' must be a different tensor from k_cache"),
 ], ids=["head-size", "value-dtype", "cache-3d", "v-cache-shape", "cache-dtype", "float-slots", "slots-length",
-        "scale-without-fp8", "strided-features", "expanded-k-cache", "expanded-v-cache"])
+        "scale-without-fp8", "strided-features", "expanded-k-cache", "expanded-v-cache", "v-cache-is-k-cache"])
 def test_bad_input(change, match):
     args = _base()
     args.update(change)
+    args.update({k: args[v] for k, v in change.items() if isinstance(v, str)})
     pos = [args.pop(k) for k in ("key", "value", "k_cache", "v_cache", "slot_mapping")]
     with pytest.raises((ValueError, TypeError), match=match):
         ks.reshape_and_cache(*pos, **args)

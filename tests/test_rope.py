@@ -115,11 +115,14 @@ def test_position_out_of_range_leaves_token_unrotated(backend, bad, device):
     # written in place: an expanded view would have several tokens write one element
     (dict(q=torch.randn(1, 4, 32).expand(2, 4, 32)), "'q' must be a tensor of distinct elements"),
     (dict(k=torch.randn(2, 1, 32).expand(2, 2, 32)), "'k' must be a tensor of distinct elements"),
+    (dict(k="q"), "'k' must be a different tensor from q"),
 ], ids=["2d-q-no-head-size", "rotary-dim-mismatch", "odd-cache", "float-positions", "positions-length", "k-dtype",
-        "empty-cache", "expanded-q", "expanded-k"])
+        "empty-cache", "expanded-q", "expanded-k", "k-is-q"])
 def test_bad_input(kwargs, match):
     args = dict(positions=torch.tensor([0, 1]), q=torch.randn(2, 4, 32), k=None, cos_sin_cache=_cache(8, 32))
     args.update(kwargs)
+    if isinstance(args["k"], str):
+        args["k"] = args[args["k"]]
     rest = {k: args.pop(k) for k in list(args) if k not in ("positions", "q", "k", "cos_sin_cache")}
     with pytest.raises((ValueError, TypeError), match=match):
         ks.rotary_embedding(args["positions"], args["q"], args["k"], args["cos_sin_cache"], **rest)
