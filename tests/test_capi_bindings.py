@@ -236,7 +236,12 @@ def test_node_bindings(library, corrupted_golden):
     node = _tool("node")
     if not (NODE / "node_modules" / "koffi").exists():
         npm = _tool("npm")
-        proc = _run([npm, "ci", "--no-audit", "--no-fund"], NODE, 300)
+        # the suite's only network fetch: npm retries each request, and the install is tried twice
+        # (a registry hiccup would otherwise fail CI, where KS_REQUIRE_BINDINGS=1)
+        for _ in range(2):
+            proc = _run([npm, "ci", "--no-audit", "--no-fund", "--fetch-retries=4"], NODE, 300)
+            if proc.returncode == 0:
+                break
         if proc.returncode:
             msg = f"npm ci in capi/bindings/node failed (koffi from the npm registry):\n{proc.stderr[-2000:]}"
             if REQUIRE:

@@ -287,6 +287,81 @@ def test_cli_eval_tiny_preset(capsys):
     assert out["counts"]["rms_norm"] > 0 and out["logits_rel_err"] < 1e-5
 
 
+def _eval_json(capsys, model: str) -> dict:
+    from kernelset import cli
+    rc = cli.main(["eval", "--model", model, "--dtype", "fp32", "--tokens", "4", "--prompt-tokens", "6", "--json"])
+    import json
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["passed"] and out["greedy_identical"] and out["restored_exact"]
+    assert out["counts"]["rms_norm"] > 0 and out["counts"]["apply_rotary"] > 0 and out["logits_rel_err"] < 1e-5
+    return out
+
+
+def test_cli_eval_model_directory(tmp_path, capsys):
+    # a saved model directory (safetensors), as a user's checkpoint
+    tiny_model("qwen3").save_pretrained(tmp_path)
+    _eval_json(capsys, str(tmp_path))
+
+
+def _write_tiny_llama_gguf(path) -> None:
+    """A 2-layer llama in GGUF (f32 tensors, llama.cpp's names), values drawn at std 0.2."""
+    import numpy as np
+    gguf = pytest.importorskip("gguf")
+    h, layers, ff, vocab, heads, kv_heads = 64, 2, 128, 128, 4, 2
+    d = h // heads
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("kernelset-test-llama")
+    w.add_context_length(256)
+    w.add_embedding_length(h)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(ff)
+    w.add_rope_dimension_count(d)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(vocab)
+    rng = np.random.default_rng(0)
+
+    def add(name, *shape, base=0.0):
+        w.add_tensor(name, (base + 0.2 * rng.standard_normal(shape)).astype(np.float32))
+    add("token_embd.weight", vocab, h)
+    for i in range(layers):
+        add(f"blk.{i}.attn_norm.weight", h, base=1.0)
+        add(f"blk.{i}.attn_q.weight", heads * d, h)
+        add(f"blk.{i}.attn_k.weight", kv_heads * d, h)
+        add(f"blk.{i}.attn_v.weight", kv_heads * d, h)
+        add(f"blk.{i}.attn_output.weight", h, heads * d)
+        add(f"blk.{i}.ffn_norm.weight", h, base=1.0)
+        add(f"blk.{i}.ffn_gate.weight", ff, h)
+        add(f"blk.{i}.ffn_up.weight", ff, h)
+        add(f"blk.{i}.ffn_down.weight", h, ff)
+    add("output_norm.weight", h, base=1.0)
+    add("output.weight", vocab, h)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_cli_eval_gguf_file(tmp_path, capsys):
+    # issue 5: "a GGUF file through transformers when the gguf package is present" (the test extra
+    # installs gguf and accelerate, which transformers' GGUF loader needs)
+    pytest.importorskip("accelerate")
+    path = tmp_path / "tiny-llama.gguf"
+    _write_tiny_llama_gguf(path)
+    _eval_json(capsys, str(path))
+
+
+def test_gguf_without_its_packages_names_them(tmp_path, monkeypatch):
+    import importlib.util
+    from kernelset.hf.evaluate import load_model
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "accelerate" else real(name, *a))
+    with pytest.raises(ValueError, match=r"needs the package\(s\) accelerate"):
+        load_model(str(tmp_path / "x.gguf"), dtype=torch.float32, device="cpu")
+
+
 def test_import_kernelset_does_not_import_transformers():
     code = ("import sys, kernelset as ks; assert 'transformers' not in sys.modules; "
             "ks.hf.plan('llama-3-8b'); assert 'transformers' not in sys.modules")

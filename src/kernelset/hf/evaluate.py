@@ -76,8 +76,10 @@ def load_model(spec: str, *, dtype: torch.dtype, device: str | torch.device, tin
     path = spec
     if spec.endswith(".gguf"):
         import importlib.util
-        if importlib.util.find_spec("gguf") is None:
-            raise ValueError(f"{spec}: loading GGUF files needs the 'gguf' package (pip install gguf)")
+        missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+        if missing:  # transformers' GGUF loader needs both
+            raise ValueError(f"{spec}: loading GGUF files needs the package(s) {', '.join(missing)} "
+                             "(pip install 'kernelset[gguf]')")
         path, kwargs["gguf_file"] = os.path.dirname(spec) or ".", os.path.basename(spec)
     elif not os.path.isdir(spec):
         raise ValueError(f"--model {spec!r} is neither a preset nor a model directory / .gguf file")
