@@ -31,7 +31,7 @@ def main() -> int:
     t[::7] = -100
     for name, opts in OPTIONS.items():
         xr = x.detach().float().requires_grad_()
-        loss, _, _, valid, *_ = R.rows(xr, t, -100, opts.get("label_smoothing", 0.0), opts.get("z_loss", 0.0),
+        loss, _, _, valid, _ = R.rows(xr, t, -100, opts.get("label_smoothing", 0.0), opts.get("z_loss", 0.0),
                                       opts.get("softcap"))
         lref = loss.sum() / valid.sum().clamp(min=1)
         (gref,) = torch.autograd.grad(lref, (xr,))

@@ -15,8 +15,8 @@ def _acc(t: torch.Tensor) -> torch.Tensor:
 
 
 def rows(logits, target, ignore_index, label_smoothing, z_loss, softcap):
-    """(per-row loss, lse, z, valid mask, safe target, counted mask) in fp32; valid: the target
-    is in [0, V), counted: it is not ignore_index."""
+    """(per-row loss, lse, z, valid mask, safe target) in fp32; valid: the target is not
+    ignore_index and lies in [0, V)."""
     x = _acc(logits)
     z = softcap * torch.tanh(x / softcap) if softcap else x
     lse = torch.logsumexp(z, dim=-1)
@@ -28,11 +28,12 @@ def rows(logits, target, ignore_index, label_smoothing, z_loss, softcap):
     zt = z.gather(-1, t.unsqueeze(-1)).squeeze(-1)
     loss = (1.0 - label_smoothing) * (lse - zt) + label_smoothing * (lse - z.mean(-1)) + z_loss * lse * lse
     loss = torch.where(valid, loss, torch.where(counted, torch.full_like(loss, float("nan")), torch.zeros_like(loss)))
-    return loss, lse, z, valid, t, counted
+    return loss, lse, z, valid, t
 
 
 def fwd(logits, target, ignore_index, label_smoothing, z_loss, softcap, reduction, need_grad):
-    loss, lse, z, valid, t, counted = rows(logits, target, ignore_index, label_smoothing, z_loss, softcap)
+    loss, lse, z, valid, t = rows(logits, target, ignore_index, label_smoothing, z_loss, softcap)
+    counted = target != ignore_index  # an out-of-range target still counts in the mean (its loss is NaN)
     scale = 1.0 / counted.sum().clamp(min=1).to(loss.dtype) if reduction == "mean" else None
     out = loss if reduction == "none" else (loss.sum() * scale if reduction == "mean" else loss.sum())
     if not need_grad:
