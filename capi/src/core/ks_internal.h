@@ -211,6 +211,19 @@ ks_status_t ks_check_no_overlap(const ks_view *v);
  * aligned non-NULL address (plans only look at alignment and NULL-ness, never dereference) */
 void *ks_dev_ptr(const ks_call *c, const ks_view *v);
 int ks_views_alias(const ks_view *a, const ks_view *b); /* both present, non-empty, same data pointer */
+/* Whether two views may share a byte: 0 when their byte ranges ([data + lowest offset, data +
+ * highest offset + elem_size)) are disjoint, or when they interleave without meeting (slices of one
+ * buffer: for a period some dim steps by, each view stays in its own residue interval modulo it);
+ * else 1. An absent or empty view, or one without data (a dry run), shares nothing. */
+int ks_views_overlap(const ks_view *a, const ks_view *b);
+/* true in-place aliasing: both touch memory, same data pointer, dtype and shape, and the same
+ * strides on every dim of more than one element */
+int ks_views_same(const ks_view *a, const ks_view *b);
+/* KS_ERR_INVALID_ARGUMENT "<out>: overlaps <in> (<why>)" when ks_views_overlap(out, in) */
+ks_status_t ks_check_disjoint(const ks_view *out, const ks_view *in, const char *why);
+/* ks_check_disjoint for an output against an index input (ids, slot_mapping, block_table, ...):
+ * the CPU paths check index data, then read it again while writing outputs */
+ks_status_t ks_check_not_index(const ks_view *out, const ks_view *index);
 
 /* options.c. ks_read_options fills op's defaults into *out itself (no ks_options_init needed
  * first) and takes whole fields only: a size ending inside a field is refused. */

@@ -313,3 +313,87 @@ void *ks_dev_ptr(const ks_call *c, const ks_view *v) {
 int ks_views_alias(const ks_view *a, const ks_view *b) {
   return a->present && b->present && a->data != NULL && a->data == b->data && a->numel > 0 && b->numel > 0;
 }
+
+/* ---- overlap between two views (outputs against the inputs they must not share memory with) */
+
+/* bytes a non-empty view can touch, relative to its data pointer: [*lo, *hi). Only dims of more
+ * than one element count; "inner" restricts the sum to dims whose byte stride is not a multiple of
+ * period (period 0: every dim). ks_view_make bounds every offset, so nothing here overflows. */
+static void byte_extent(const ks_view *v, int64_t period, int64_t *lo, int64_t *hi) {
+  int64_t mn = 0, mx = 0;
+  for (int32_t d = 0; d < v->ndim; d++) {
+    if (v->shape[d] <= 1) continue;
+    const int64_t sb = v->strides[d] * v->elem_size;
+    if (period > 0 && sb % period == 0) continue;
+    const int64_t e = sb * (v->shape[d] - 1);
+    if (e < 0) mn += e; else mx += e;
+  }
+  *lo = mn;
+  *hi = mx + v->elem_size;
+}
+
+/* The residues modulo period of the bytes v touches lie in the cyclic interval [*start, *start +
+ * *len) when every dim whose byte stride is not a multiple of period spans less than period; else
+ * returns 0 (no answer for this period). */
+static int residue_interval(const ks_view *v, int64_t period, int64_t *start, int64_t *len) {
+  int64_t lo, hi;
+  byte_extent(v, period, &lo, &hi);
+  if (hi - lo > period) return 0;
+  const int64_t base = (int64_t)((uint64_t)(uintptr_t)v->data % (uint64_t)period);
+  int64_t off = lo % period;
+  if (off < 0) off += period;
+  *start = (base + off) % period;
+  *len = hi - lo;
+  return 1;
+}
+
+static int touches_memory(const ks_view *v) { return v->present && v->data != NULL && v->numel > 0; }
+
+int ks_views_overlap(const ks_view *a, const ks_view *b) {
+  if (!touches_memory(a) || !touches_memory(b)) return 0; /* dry runs without data: nothing to compare */
+  int64_t alo, ahi, blo, bhi;
+  byte_extent(a, 0, &alo, &ahi);
+  byte_extent(b, 0, &blo, &bhi);
+  /* whole byte ranges first (unsigned: offsets may be negative) */
+  const uint64_t a0 = (uint64_t)(uintptr_t)a->data + (uint64_t)alo, a1 = (uint64_t)(uintptr_t)a->data + (uint64_t)ahi;
+  const uint64_t b0 = (uint64_t)(uintptr_t)b->data + (uint64_t)blo, b1 = (uint64_t)(uintptr_t)b->data + (uint64_t)bhi;
+  if (a1 <= b0 || b1 <= a0) return 0;
+  /* interleaved views (slices of one fused buffer: q and k of a qkv projection, the k and v halves
+   * of a [num_blocks, 2, ...] cache): disjoint if, for a period that some dim steps by, both views
+   * stay inside disjoint residue intervals modulo it */
+  const ks_view *vs[2] = {a, b};
+  for (int i = 0; i < 2; i++) {
+    for (int32_t d = 0; d < vs[i]->ndim; d++) {
+      if (vs[i]->shape[d] <= 1) continue;
+      int64_t p = vs[i]->strides[d] * vs[i]->elem_size;
+      if (p < 0) p = -p;
+      if (p == 0) continue;
+      int64_t sa, la, sb, lb;
+      if (!residue_interval(a, p, &sa, &la) || !residue_interval(b, p, &sb, &lb)) continue;
+      int64_t ab = sb - sa, ba = sa - sb;
+      if (ab < 0) ab += p;
+      if (ba < 0) ba += p;
+      if (ab >= la && ba >= lb) return 0;
+    }
+  }
+  return 1;
+}
+
+int ks_views_same(const ks_view *a, const ks_view *b) {
+  if (!touches_memory(a) || !touches_memory(b)) return 0;
+  if (a->data != b->data || a->dtype != b->dtype || a->ndim != b->ndim) return 0;
+  for (int32_t d = 0; d < a->ndim; d++) {
+    if (a->shape[d] != b->shape[d]) return 0;
+    if (a->shape[d] > 1 && a->strides[d] != b->strides[d]) return 0;
+  }
+  return 1;
+}
+
+ks_status_t ks_check_disjoint(const ks_view *out, const ks_view *in, const char *why) {
+  if (!ks_views_overlap(out, in)) return KS_OK;
+  return ks_fail(KS_ERR_INVALID_ARGUMENT, "%s: overlaps %s (%s)", out->name, in->name, why);
+}
+
+ks_status_t ks_check_not_index(const ks_view *out, const ks_view *index) {
+  return ks_check_disjoint(out, index, "an output may not share memory with index data");
+}

@@ -17,7 +17,8 @@
  * read from a tensor (seq_lens, the block ids a sequence uses, cu_seqlens) is checked before any
  * output is written: KS_ERR_INVALID_ARGUMENT names the argument and the offending index.
  * Layouts: q/k/v/out/caches any strides with a unit-stride last dim; lse, block_table, seq_lens,
- * cu_seqlens and sinks any strides.
+ * cu_seqlens and sinks any strides. The outputs (out, lse, workspace) may share memory neither with
+ * each other nor with the index inputs (KS_ERR_INVALID_ARGUMENT naming both), on CPU and CUDA.
  *
  * CUDA path: the Python package's Triton kernels compiled ahead of time (capi/generated), called
  * with the launch policy of kernelset.ops.attention.launch; the layouts they address are checked
@@ -57,6 +58,21 @@ ks_status_t ks_attn_read_options(ks_op_t op, const ks_attention_options *user, i
 }
 
 /* ---- small checks */
+
+int64_t ks_attn_capacity(const ks_view *bt, int64_t bs) {
+  const int64_t blocks = bt->shape[1];
+  if (blocks == 0 || bs == 0) return 0;
+  return blocks > INT64_MAX / bs ? INT64_MAX : blocks * bs;
+}
+
+ks_status_t ks_attn_check_outputs(const ks_view *const *outs, int n_outs, const ks_view *const *index, int n_index) {
+  for (int i = 0; i < n_outs; i++) {
+    for (int j = 0; j < n_index; j++) KS_TRY(ks_check_not_index(outs[i], index[j]));
+    for (int j = i + 1; j < n_outs; j++)
+      KS_TRY(ks_check_disjoint(outs[j], outs[i], "the outputs of a call may not share memory"));
+  }
+  return KS_OK;
+}
 
 /* v has exactly the given shape ("what" says why) */
 ks_status_t ks_attn_check_shape(const ks_view *v, int32_t ndim, const int64_t *shape, const char *what) {
@@ -236,7 +252,8 @@ ks_status_t ks_attn_check_sequence(const ks_view *lens, const ks_view *bt, int64
                    "seq_lens: expected lengths in [0, %lld] (max_seq_len and the block table's %lld blocks of "
                    "%lld), got %lld at index %lld",
                    (long long)max_keys, (long long)bt->shape[1], (long long)bs, (long long)L, (long long)b);
-  for (int64_t j = 0; j < (L + bs - 1) / bs; j++) {
+  const int64_t nblk = L == 0 ? 0 : (L - 1) / bs + 1; /* (L + bs - 1) / bs overflows for a huge bs */
+  for (int64_t j = 0; j < nblk; j++) {
     const int64_t id = ks_load_index(bt->data, KS_DT_I32, b * bt->strides[0] + j * bt->strides[1]);
     if (id < 0 || id >= nb)
       return ks_fail(KS_ERR_INVALID_ARGUMENT,
@@ -388,7 +405,7 @@ static ks_status_t run_paged_attention(ks_call *c, const DLTensor *q, const DLTe
   if (max_seq_len < 0)
     return ks_fail(KS_ERR_INVALID_ARGUMENT, "max_seq_len: expected >= 0 (0: the block table's capacity), got %lld",
                    (long long)max_seq_len);
-  const int64_t capacity = p.bt.shape[1] * p.bs;
+  const int64_t capacity = ks_attn_capacity(&p.bt, p.bs);
   p.max_keys = max_seq_len == 0 || max_seq_len > capacity ? capacity : max_seq_len;
   KS_TRY(ks_attn_read_options(KS_OP_PAGED_ATTENTION, options, p.D, &p.a));
   KS_TRY(ks_attn_check_sinks(c, &p.sinks, sinks, p.hq));
@@ -405,6 +422,10 @@ static ks_status_t run_paged_attention(ks_call *c, const DLTensor *q, const DLTe
   if (p.ws.present) {
     KS_TRY(ks_check_dtype(&p.ws, KS_BIT(KS_DT_U8)));
     KS_TRY(ks_check_contiguous(&p.ws));
+  }
+  {
+    const ks_view *outs[3] = {&p.out, &p.lse, &p.ws}, *index[3] = {&p.bt, &p.lens, &p.cu};
+    KS_TRY(ks_attn_check_outputs(outs, 3, index, 3));
   }
   if (c->device_type == kDLCUDA) return paged_cuda(c, &p);
   if (c->dry_run) return KS_OK; /* on the CPU the workspace is not used */
@@ -496,6 +517,10 @@ static ks_status_t run_merge_attn_states(ks_call *c, const DLTensor *out_a, cons
   KS_TRY(ks_check_inner_contiguous(&vo));
   KS_TRY(ks_check_no_overlap(&vo));
   KS_TRY(ks_attn_check_lse(c, &vl, lse, 2, th, "[T, H] like out_a"));
+  {
+    const ks_view *outs[2] = {&vo, &vl};
+    KS_TRY(ks_attn_check_outputs(outs, 2, NULL, 0));
+  }
   if (c->device_type == kDLCUDA) {
     KS_TRY(ks_check_contiguous(&vo));
     if (vl.present) KS_TRY(ks_check_contiguous(&vl));

@@ -52,6 +52,14 @@ ks_status_t ks_attn_check_sinks(ks_call *c, ks_view *s, const DLTensor *t, int64
 ks_status_t ks_attn_check_lse(ks_call *c, ks_view *l, const DLTensor *t, int32_t ndim, const int64_t *shape,
                               const char *what);
 
+/* bt.shape[1] * bs keys, saturated at INT64_MAX */
+int64_t ks_attn_capacity(const ks_view *bt, int64_t bs);
+
+/* Outputs (out, lse, workspace) may share memory neither with an index input (block_table,
+ * seq_lens, cu_seqlens: checked on the CPU, then read again while outputs are written) nor with
+ * each other: KS_ERR_INVALID_ARGUMENT naming both. Absent views are skipped. */
+ks_status_t ks_attn_check_outputs(const ks_view *const *outs, int n_outs, const ks_view *const *index, int n_index);
+
 /* a 1-D index tensor must be contiguous on CUDA */
 ks_status_t ks_attn_check_unit_stride(const ks_view *v);
 

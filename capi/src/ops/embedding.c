@@ -3,7 +3,8 @@
  * Semantics of kernelset.ops.embedding (reference.py). On CPU every id is checked before anything
  * is written: an id outside [0, V) gives KS_ERR_INVALID_ARGUMENT naming it (the Python API's
  * check_ids). CUDA tensors run the package's kernel (ks_cuda_embedding_fwd_launch), where an
- * out-of-range id is never read and its output row is NaN (no host sync to check ids). */
+ * out-of-range id is never read and its output row is NaN (no host sync to check ids). out may not
+ * share memory with ids (KS_ERR_INVALID_ARGUMENT). */
 #include "ks_internal.h"
 #include "ks_cuda_ops.h"
 
@@ -21,6 +22,7 @@ static ks_status_t run_embedding(ks_call *c, const DLTensor *ids, const DLTensor
   for (int32_t d = 0; d < vi.ndim; d++) KS_TRY(ks_check_dim(&vo, d, vi.shape[d], "the shape of ids"));
   KS_TRY(ks_check_dim(&vo, -1, vw.shape[1], "the embedding dim, weight.shape[1]"));
   KS_TRY(ks_check_no_overlap(&vo));
+  KS_TRY(ks_check_not_index(&vo, &vi)); /* the ids are checked, then read again while out is written */
   const int64_t v = vw.shape[0], h = vw.shape[1], n = vi.numel;
   if (c->device_type == kDLCUDA) {
     /* the kernel reads ids[m] and writes out[m, :] densely; weight rows have one stride */

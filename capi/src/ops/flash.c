@@ -187,6 +187,10 @@ static ks_status_t run_flash_attention(ks_call *c, const DLTensor *q, const DLTe
   KS_TRY(ks_attn_read_options(KS_OP_FLASH_ATTENTION, options, p.D, &p.a));
   KS_TRY(ks_attn_check_sinks(c, &p.sinks, sinks, p.hq));
   KS_TRY(check_flash_out(c, &p, out, lse));
+  {
+    const ks_view *outs[2] = {&p.out, &p.lse};
+    KS_TRY(ks_attn_check_outputs(outs, 2, NULL, 0));
+  }
   if (c->device_type == kDLCUDA) return flash_cuda(c, &p);
   if (c->dry_run) return KS_OK;
   return run_flash_cpu(&p, "flash_attention");
@@ -256,6 +260,10 @@ static ks_status_t run_flash_attention_varlen(ks_call *c, const DLTensor *q, con
   KS_TRY(ks_attn_read_options(KS_OP_FLASH_ATTENTION_VARLEN, options, p.D, &p.a));
   KS_TRY(ks_attn_check_sinks(c, &p.sinks, sinks, p.hq));
   KS_TRY(check_flash_out(c, &p, out, lse));
+  {
+    const ks_view *outs[2] = {&p.out, &p.lse}, *index[2] = {&p.cu_q, &p.cu_k};
+    KS_TRY(ks_attn_check_outputs(outs, 2, index, 2));
+  }
   if (c->device_type == kDLCUDA) return flash_cuda(c, &p);
   if (c->dry_run) return KS_OK;
   KS_TRY(check_cu_data(&p.cu_q, p.q.shape[0], p.max_q, "max_seqlen_q"));

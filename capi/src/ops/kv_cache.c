@@ -12,6 +12,11 @@
  * On CUDA (the Python package's kernels, compiled ahead of time) slot_mapping and block_mapping
  * are contiguous and copy_blocks needs each block [block_size, Hkv, D] contiguous; the values of
  * the mappings are not checked there (no host sync; the kernels skip out-of-range rows).
+ *
+ * The caches are written in place: each must have distinct elements (KS_ERR_UNSUPPORTED_LAYOUT),
+ * and they may share memory neither with slot_mapping / block_mapping nor, in reshape_and_cache,
+ * with each other (KS_ERR_INVALID_ARGUMENT naming both; the halves of one [num_blocks, 2, ...]
+ * buffer do not meet and are fine).
  */
 #include <stdio.h>
 
@@ -135,6 +140,12 @@ static ks_status_t run_reshape_and_cache(ks_call *c, const DLTensor *key, const 
                    (long long)p.T, ks_ops_shape_str(&p.slots, sb, sizeof sb));
   KS_TRY(ks_kv_check_scale(c, &p.ks, "k_scale", k_scale, &p.kc, "k_cache"));
   KS_TRY(ks_kv_check_scale(c, &p.vs, "v_scale", v_scale, &p.vc, "v_cache"));
+  /* both caches are written in place: they may share neither memory with each other nor with
+   * slot_mapping (the slots are checked, then read again while the caches are written) */
+  KS_TRY(ks_check_disjoint(&p.vc, &p.kc, "v_cache must be a different tensor from k_cache: values would overwrite "
+                           "keys"));
+  KS_TRY(ks_check_not_index(&p.kc, &p.slots));
+  KS_TRY(ks_check_not_index(&p.vc, &p.slots));
   if (c->device_type == kDLCUDA && p.T > 1 && p.slots.strides[0] != 1)
     return ks_fail(KS_ERR_UNSUPPORTED_LAYOUT, "slot_mapping: expected contiguous on CUDA, got stride %lld",
                    (long long)p.slots.strides[0]);
@@ -145,7 +156,8 @@ static ks_status_t run_reshape_and_cache(ks_call *c, const DLTensor *key, const 
                      p.key.strides[1], p.value.strides[0], p.value.strides[1], p.kc.strides[0], p.kc.strides[1],
                      p.kc.strides[2], p.vc.strides[0], p.vc.strides[1], p.vc.strides[2]);
   if (c->dry_run) return KS_OK;
-  const int64_t slots = p.nb * p.bs;
+  /* nb * bs can overflow only for an empty cache (Hkv = 0), where every slot writes nothing */
+  const int64_t slots = p.nb > INT64_MAX / p.bs ? INT64_MAX : p.nb * p.bs;
   for (int64_t t = 0; t < p.T; t++) { /* every slot first: a bad one writes nothing at all */
     const int64_t s = ks_load_index(p.slots.data, p.slots.dtype, t * p.slots.strides[0]);
     if (s < -1 || s >= slots)
@@ -189,6 +201,8 @@ static ks_status_t layer_views(ks_call *c, DLTensor *const *k_caches, DLTensor *
   snprintf(vname, 32, "v_caches[%d]", (int)i);
   KS_TRY(ks_kv_check_cache(c, kv, kname, k_caches[i]));
   KS_TRY(ks_kv_check_cache(c, vv, vname, v_caches[i]));
+  KS_TRY(ks_check_no_overlap(kv)); /* written in place, as reshape_and_cache's caches */
+  KS_TRY(ks_check_no_overlap(vv));
   if (first != NULL) {
     if (kv->dtype != first->dtype)
       return ks_fail(KS_ERR_UNSUPPORTED_DTYPE, "%s: expected k_caches[0]'s dtype %s, got %s", kname,
@@ -276,6 +290,12 @@ static ks_status_t run_copy_blocks(ks_call *c, DLTensor *const *k_caches, DLTens
   if (map.ndim != 2 || map.shape[1] != 2)
     return ks_fail(KS_ERR_INVALID_ARGUMENT, "block_mapping: expected [N, 2] int64 (src, dst) pairs, got shape %s",
                    ks_ops_shape_str(&map, sb, sizeof sb));
+  /* the pairs are checked, then read again while the caches are written */
+  for (int32_t i = 0; i < num_layers; i++) {
+    KS_TRY(layer_views(c, k_caches, v_caches, i, NULL, &kv, &vv, kname, vname));
+    KS_TRY(ks_check_not_index(&kv, &map));
+    KS_TRY(ks_check_not_index(&vv, &map));
+  }
   if (c->device_type == kDLCUDA) return copy_blocks_cuda(c, k_caches, v_caches, num_layers, &map);
   if (c->dry_run) return KS_OK;
   const int64_t nb = first.shape[0], n = map.shape[0];

@@ -172,7 +172,7 @@ static ks_status_t run_mla_decode(ks_call *c, const DLTensor *q_nope, const DLTe
   if (max_seq_len < 0)
     return ks_fail(KS_ERR_INVALID_ARGUMENT, "max_seq_len: expected >= 0 (0: the block table's capacity), got %lld",
                    (long long)max_seq_len);
-  const int64_t capacity = p.bt.shape[1] * p.bs;
+  const int64_t capacity = ks_attn_capacity(&p.bt, p.bs);
   p.max_keys = max_seq_len == 0 || max_seq_len > capacity ? capacity : max_seq_len;
   KS_TRY(ks_kv_check_scale(c, &p.kvs, "kv_scale", kv_scale, &p.kv, "kv_cache"));
   KS_TRY(ks_view_make(c, &p.out, "out", out, KS_REQUIRED));
@@ -183,6 +183,10 @@ static ks_status_t run_mla_decode(ks_call *c, const DLTensor *q_nope, const DLTe
   KS_TRY(ks_check_no_overlap(&p.out));
   const int64_t lse_shape[2] = {p.B, p.H};
   KS_TRY(ks_attn_check_lse(c, &p.lse, lse, 2, lse_shape, "[B, H]"));
+  {
+    const ks_view *outs[2] = {&p.out, &p.lse}, *index[2] = {&p.bt, &p.lens};
+    KS_TRY(ks_attn_check_outputs(outs, 2, index, 2));
+  }
   if (c->device_type == kDLCUDA) return mla_cuda(c, &p);
   if (c->dry_run) return KS_OK;
   KS_TRY(check_mla_data(&p));

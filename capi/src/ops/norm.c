@@ -36,6 +36,21 @@ static ks_status_t check_like_x(const ks_view *t, const ks_view *x) {
   return ks_check_no_overlap(t);
 }
 
+/* What the outputs (out, and residual when present) may share with the inputs: out may be x
+ * itself (same data, dtype and strides: true in place, each element read before it is written);
+ * any other overlap of an output with x, weight or bias would change inputs still to be read. */
+static ks_status_t check_out_memory(const norm_args *a) {
+  if (!ks_views_same(&a->out, &a->x))
+    KS_TRY(ks_check_disjoint(&a->out, &a->x, "out may be x itself, in place, but not another view of its memory"));
+  const ks_view *params[2] = {&a->w, &a->b};
+  for (int i = 0; i < 2; i++) {
+    KS_TRY(ks_check_disjoint(&a->out, params[i], "an output may not share memory with a parameter"));
+    if (a->res.present)
+      KS_TRY(ks_check_disjoint(&a->res, params[i], "an output may not share memory with a parameter"));
+  }
+  return KS_OK;
+}
+
 static ks_status_t rms_options(ks_op_t op, const ks_rms_norm_options *user, ks_rms_norm_options *o, int has_weight) {
   KS_TRY(ks_read_options(op, user, o, sizeof *o, "options"));
   KS_TRY(ks_check_positive(o->eps, "options.eps"));
@@ -108,10 +123,12 @@ static ks_status_t run_rms(ks_call *c, ks_op_t op, const DLTensor *x, DLTensor *
   KS_TRY(check_x(&a.x));
   if (a.res.present) {
     KS_TRY(check_like_x(&a.res, &a.x));
-    if (ks_views_alias(&a.x, &a.res))
-      return ks_fail(KS_ERR_INVALID_ARGUMENT, "residual: must not alias x (h = x + residual is written into it)");
-    if (ks_views_alias(&a.out, &a.res))
-      return ks_fail(KS_ERR_INVALID_ARGUMENT, "out: must not alias residual (it receives h); out may alias x");
+    if (ks_views_alias(&a.x, &a.res) || ks_views_overlap(&a.res, &a.x))
+      return ks_fail(KS_ERR_INVALID_ARGUMENT, "residual: must not alias x or overlap it (h = x + residual is written "
+                     "into it)");
+    if (ks_views_alias(&a.out, &a.res) || ks_views_overlap(&a.out, &a.res))
+      return ks_fail(KS_ERR_INVALID_ARGUMENT, "out: must not alias residual or overlap it (it receives h); out may "
+                     "alias x");
   }
   KS_TRY(check_param(&a.w, &a.x));
   KS_TRY(check_like_x(&a.out, &a.x));
@@ -122,11 +139,13 @@ static ks_status_t run_rms(ks_call *c, ks_op_t op, const DLTensor *x, DLTensor *
   if (c->device_type == kDLCUDA) {
     int64_t sx, sr, sy;
     KS_TRY(cuda_rows(&a, &sx, &sr, &sy));
+    KS_TRY(check_out_memory(&a));
     void *res = ks_dev_ptr(c, &a.res);
     KS_CUDA_DISPATCH(c, norm_fwd, a.x.dtype, a.w.present ? a.w.dtype : a.x.dtype, ks_dev_ptr(c, &a.x), res,
                      ks_dev_ptr(c, &a.w), NULL, ks_dev_ptr(c, &a.out), res, NULL, NULL, a.rows, a.n, sx, sr, sy, sr,
                      (double)o.eps, (double)o.offset, 1, o.cast == KS_NORM_CAST_GEMMA);
   }
+  KS_TRY(check_out_memory(&a));
   if (c->dry_run) return KS_OK;
   rms_cpu(&a, &o);
   return KS_OK;
@@ -206,6 +225,7 @@ static ks_status_t run_ln(ks_call *c, const DLTensor *x, const DLTensor *weight,
   if (c->device_type == kDLCUDA) {
     int64_t sx, sr, sy;
     KS_TRY(cuda_rows(&a, &sx, &sr, &sy));
+    KS_TRY(check_out_memory(&a));
     /* the kernel takes one parameter dtype for weight and bias */
     if (a.w.present && a.b.present && a.w.dtype != a.b.dtype)
       return ks_fail(KS_ERR_UNSUPPORTED_DTYPE, "bias: expected %s (the dtype of weight) on CUDA, got %s",
@@ -214,6 +234,7 @@ static ks_status_t run_ln(ks_call *c, const DLTensor *x, const DLTensor *weight,
     KS_CUDA_DISPATCH(c, norm_fwd, a.x.dtype, wdt, ks_dev_ptr(c, &a.x), NULL, ks_dev_ptr(c, &a.w), ks_dev_ptr(c, &a.b),
                      ks_dev_ptr(c, &a.out), NULL, NULL, NULL, a.rows, a.n, sx, 0, sy, 0, (double)o.eps, 0.0, 0, 1);
   }
+  KS_TRY(check_out_memory(&a));
   if (c->dry_run) return KS_OK;
   ln_cpu(&a, o.eps);
   return KS_OK;

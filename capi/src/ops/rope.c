@@ -87,9 +87,9 @@ static ks_status_t check_serving(ks_call *c, rope_problem *p, DLTensor *q, DLTen
   KS_TRY(check_x(c, &p->q, "q", q, KS_REQUIRED));
   KS_TRY(ks_view_make(c, &p->cache, "cos_sin_cache", cache, KS_REQUIRED));
   KS_TRY(ks_check_dtype(&p->cache, KS_FLOATS));
-  if (p->cache.ndim != 2 || p->cache.shape[1] % 2)
+  if (p->cache.ndim != 2 || p->cache.shape[1] % 2 || p->cache.shape[0] < 1)
     return ks_fail(KS_ERR_INVALID_ARGUMENT,
-                   "cos_sin_cache: expected 2-D [max_pos, rotary_dim] with an even rotary_dim, got shape %s",
+                   "cos_sin_cache: expected 2-D [max_pos >= 1, rotary_dim] with an even rotary_dim, got shape %s",
                    shape_str(&p->cache, sb, sizeof sb));
   p->R = p->cache.shape[1];
   p->half = p->R / 2;
@@ -128,8 +128,27 @@ static ks_status_t check_serving(ks_call *c, rope_problem *p, DLTensor *q, DLTen
       return ks_fail(KS_ERR_INVALID_ARGUMENT, "k: expected [T=%lld, Hk, %lld] or [T, Hk * %lld], got shape %s",
                      (long long)p->T, (long long)p->D, (long long)p->D, shape_str(&p->k.v, sb, sizeof sb));
   }
-  if (p->k.v.present) KS_TRY(ks_check_no_overlap(&p->k.v));
+  if (p->k.v.present) {
+    KS_TRY(ks_check_no_overlap(&p->k.v));
+    /* both are rotated in place: a k sharing q's memory would turn twice (slices of one fused qkv
+     * buffer that do not meet are fine) */
+    KS_TRY(ks_check_disjoint(&p->k.v, &p->q.v, "k must be a different tensor from q: both are rotated in place"));
+  }
   finish_x(&p->k, p->D);
+  return KS_OK;
+}
+
+/* q and k are written in place: they may not share memory with what is read while they are written
+ * (positions, cos_sin_cache, the norm weights) */
+static ks_status_t check_inputs_disjoint(const rope_problem *p) {
+  const rope_x *xs[2] = {&p->q, &p->k};
+  for (int i = 0; i < 2; i++) {
+    if (!xs[i]->v.present) continue;
+    KS_TRY(ks_check_not_index(&xs[i]->v, &p->pos));
+    KS_TRY(ks_check_disjoint(&xs[i]->v, &p->cache, "an output may not share memory with an input"));
+    KS_TRY(ks_check_disjoint(&xs[i]->v, &p->qw, "an output may not share memory with an input"));
+    KS_TRY(ks_check_disjoint(&xs[i]->v, &p->kw, "an output may not share memory with an input"));
+  }
   return KS_OK;
 }
 
@@ -315,6 +334,7 @@ static ks_status_t run_rotary_embedding(ks_call *c, const DLTensor *positions, D
   KS_TRY(ks_read_options(KS_OP_ROTARY_EMBEDDING, user, &o, sizeof o, "options")); /* NULL: the defaults */
   KS_TRY(check_serving(c, &p, q, k, cos_sin_cache, o.rotary_dim, o.head_size, o.interleaved));
   KS_TRY(check_positions(c, &p, positions, 0));
+  KS_TRY(check_inputs_disjoint(&p));
   if (c->device_type == kDLCUDA) {
     /* _rope_fwd_kernel reads POS + t */
     if (p.T > 1 && p.pos.strides[0] != 1)
@@ -356,6 +376,7 @@ static ks_status_t run_mrope(ks_call *c, const DLTensor *positions, DLTensor *q,
   KS_TRY(check_serving(c, &p, q, k, cos_sin_cache, o.rotary_dim, o.head_size, o.interleaved));
   KS_TRY(check_positions(c, &p, positions, 1));
   KS_TRY(check_sections(&p, o.mrope_section, o.mrope_interleaved));
+  KS_TRY(check_inputs_disjoint(&p));
   if (c->device_type == kDLCUDA) return dispatch_ext(c, &p);
   if (c->dry_run) return KS_OK;
   return run_cpu(&p);
@@ -416,6 +437,7 @@ static ks_status_t run_qk_norm_rope(ks_call *c, DLTensor *q, DLTensor *k, const 
   p.eps = o.eps;
   p.offset = o.offset;
   p.cast = o.cast;
+  KS_TRY(check_inputs_disjoint(&p));
   if (c->device_type == kDLCUDA) return dispatch_ext(c, &p);
   if (c->dry_run) return KS_OK;
   return run_cpu(&p);

@@ -74,7 +74,8 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Ten
     check_cache(op, "v_cache", v_cache)
     checks.no_overlap(op, "k_cache", k_cache)
     checks.no_overlap(op, "v_cache", v_cache)
-    if v_cache.numel() and v_cache.data_ptr() == k_cache.data_ptr():
+    if v_cache is k_cache or (not torch.compiler.is_compiling() and v_cache.numel()
+                              and v_cache.data_ptr() == k_cache.data_ptr()):
         raise ArgumentError(op, "v_cache", "a different tensor from k_cache (values would overwrite keys)",
                             "k_cache's memory")
     checks.shape(op, "v_cache", v_cache, tuple(k_cache.shape), "k_cache's shape")
