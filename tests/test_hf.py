@@ -105,8 +105,10 @@ def test_restore_gives_back_every_original():
     mod = sys.modules[type(model.model.layers[0].self_attn).__module__]
     rope_fn, attn = mod.apply_rotary_pos_emb, model.config._attn_implementation
     handle = kernelize(model)
-    assert mod.apply_rotary_pos_emb is not rope_fn and "forward" in model.model.norm.__dict__
-    handle.restore()
+    try:  # kernelize patches transformers' module functions: never leave them to later tests
+        assert mod.apply_rotary_pos_emb is not rope_fn and "forward" in model.model.norm.__dict__
+    finally:
+        handle.restore()
     handle.restore()  # idempotent
     assert mod.apply_rotary_pos_emb is rope_fn and model.config._attn_implementation == attn
     assert not any("forward" in m.__dict__ or "_apply_gate" in m.__dict__ for m in model.modules())
@@ -244,7 +246,11 @@ def test_training_proof_tracks_unpatched():
     """Three AdamW steps: patched model + kernelset AdamW vs unpatched model + torch AdamW."""
     m0 = tiny_model("llama").train()
     m1 = copy.deepcopy(m0)
-    handle = kernelize(m1, mode="training")
+    with kernelize(m1, mode="training") as handle:  # restored even when an assertion fails
+        _train_three_steps(m0, m1, handle)
+
+
+def _train_three_steps(m0, m1, handle):
     o0 = torch.optim.AdamW(m0.parameters(), lr=1e-3, weight_decay=0.1)
     o1 = ks.optim.AdamW(m1.parameters(), lr=1e-3, weight_decay=0.1)
     for step in range(3):
@@ -263,7 +269,6 @@ def test_training_proof_tracks_unpatched():
     counts = handle.counts
     assert counts["rms_norm"] == 3 * 5 and counts["swiglu"] == 3 * 2 and counts["apply_rotary"] == 3 * 2
     assert counts.get("linear_cross_entropy", 0) + counts.get("cross_entropy", 0) == 3
-    handle.restore()
 
 
 def test_training_mode_keeps_forward_only_ops_out():
