@@ -87,12 +87,11 @@ def row_strided(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() or row_stride(t) is not None else t.contiguous()
 
 
-
 def no_overlap(op: str, name: str, t: torch.Tensor) -> None:
     """An output written in place must have distinct elements (not an expanded or self-overlapping
     view), or the kernel writing it races. Sufficient test, as the C ABI's: sorted by stride, each
     dim's stride reaches past the extent of the smaller ones."""
-    if t.is_contiguous() or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or t.is_contiguous():
         return  # (traced strides are symbolic; functionalization refuses such a mutation anyway)
     layout = (t.shape, t.stride())
     if layout in _DISTINCT:  # views of a fused projection repeat their layout on every call
