@@ -391,6 +391,19 @@ def test_clip_grad_norm_edge_cases(device):
     _close(r.grad, s.grad, 1e-6, "-inf norm grads")
 
 
+@pytest.mark.parametrize("backend", [str(i.backend) for i in impls("clip_grad_norm")])
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, math.inf, 0.5, 3.0])
+def test_clip_grad_norm_keeps_nan(backend, norm_type, device):
+    # a NaN gradient makes the norm NaN for every p, as in torch (training loops skip the step on a
+    # non-finite norm); the p-norm kernel once turned |NaN|^p into 0 and reported a finite norm
+    p = torch.randn(300, device=device, requires_grad=True)
+    p.grad = torch.randn(300, device=device)
+    p.grad[123] = float("nan")
+    assert ks.clip_grad_norm_([p], 1.0, norm_type=norm_type, backend=backend).isnan()
+    with pytest.raises(RuntimeError, match="non-finite"):
+        ks.clip_grad_norm_([p], 1.0, norm_type=norm_type, error_if_nonfinite=True, backend=backend)
+
+
 def test_clip_grad_norm_compiles_fullgraph(device):
     ps = [torch.randn(40, device=device, requires_grad=True) for _ in range(2)]
     qs = [p.detach().clone().requires_grad_() for p in ps]

@@ -189,7 +189,7 @@ def _abs_pow(x, p, NORM: tl.constexpr):
         return x * x
     elif NORM == 3:
         a = tl.abs(x)
-        return tl.where(a > 0.0, tl.exp2(p * tl.log2(a)), 0.0)
+        return tl.where(a == 0.0, 0.0, tl.exp2(p * tl.log2(a)))  # NaN stays NaN (a > 0 would drop it)
     else:
         return tl.abs(x)
 
