@@ -19,3 +19,19 @@ def test_verify_without_interpreter_env_runs_triton_kernels():
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(("clip_grad_norm ", "softmax "))]
     assert any(" triton " in ln and ln.rstrip().endswith("ok") for ln in lines), proc.stdout[-2000:]
     assert " 0 failed" in proc.stdout
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["explain", "rms_norm", "--shape", "4xx"], "shape must look like 4096x8192, got '4xx'"),
+    (["explain", "rms_norm", "--shape", "4"], "rms_norm: cannot build example inputs from --shape 4"),
+    (["plan", "--model", __file__], "is not a readable JSON config"),
+], ids=["empty-dim", "too-few-dims", "not-json"])
+def test_bad_arguments_get_a_clear_message(argv, message, capsys):
+    # one line naming what is wrong, exit code 2: not a traceback, not "not enough values to unpack"
+    from kernelset import cli
+    try:
+        rc = cli.main(argv)
+    except SystemExit as exc:  # argparse's own errors
+        rc = exc.code
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and "Traceback" not in err, err

@@ -33,8 +33,8 @@ def _dtype(text: str) -> torch.dtype:
 
 def _shape(text: str) -> tuple[int, ...]:
     try:
-        dims = tuple(int(d) for d in text.lower().replace(",", "x").split("x") if d)
-    except ValueError:
+        dims = tuple(int(d) for d in text.lower().replace(",", "x").split("x"))
+    except ValueError:  # a part that is not an integer, or an empty one ("4xx")
         dims = ()
     if not dims or any(d < 0 for d in dims):
         raise argparse.ArgumentTypeError(f"shape must look like 4096x8192, got {text!r}")
@@ -79,7 +79,13 @@ def _example_inputs(op: str, shape: tuple[int, ...], dtype: torch.dtype, device:
     from kernelset.core import registry
     spec = registry.op(op)
     adapter = importlib.import_module(f"kernelset.ops.{spec.family}.bench").ADAPTERS[op]
-    return ks, adapter.args(adapter.inputs(shape, dtype, device, "fwd"))
+    try:
+        inputs = adapter.inputs(shape, dtype, device, "fwd")
+    except (ValueError, TypeError, IndexError) as exc:  # a shape the op's example builder cannot read
+        example = "x".join(map(str, spec.bench[0].shape)) if spec.bench else "4096x8192"
+        raise ValueError(f"{op}: cannot build example inputs from --shape {'x'.join(map(str, shape))} "
+                         f"({exc}); its benchmark cases use shapes like {example}") from None
+    return ks, adapter.args(inputs)
 
 
 def cmd_explain(args) -> int:

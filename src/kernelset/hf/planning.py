@@ -54,8 +54,13 @@ def load_config(spec: str | dict) -> tuple[dict[str, Any], str]:
         if not os.path.isfile(path):
             raise ValueError(f"--model {spec!r} is neither a preset ({len(PRESETS)}: see 'ksctl plan --list') "
                              "nor a config.json / model directory")
-        with open(path) as f:
-            cfg, source = json.load(f), path
+        try:
+            with open(path) as f:
+                cfg, source = json.load(f), path
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"--model {spec!r}: {path} is not a readable JSON config ({exc})") from None
+        if not isinstance(cfg, dict):
+            raise ValueError(f"--model {spec!r}: {path} holds a JSON {type(cfg).__name__}, not a config object")
     if isinstance(cfg.get("text_config"), dict):
         text = dict(cfg["text_config"])
         text.setdefault("model_type", cfg.get("model_type", "?") + "_text")
