@@ -6,6 +6,10 @@ them again -> reads and writes outside the tensors (SIGSEGV). Also: a block-id c
 integer overflow (a huge block_size), self-overlapping caches written in place by copy_blocks,
 norms whose out overlaps x in another layout, an empty cos_sin_cache, k given as q, and k_cache
 given as v_cache. The library now refuses each with a status and a message naming both arguments.
+Then outputs over float inputs (attention out over q or the caches, embedding out over weight,
+activation / softmax / loss outputs over their inputs in another layout, merge out over out_a ...):
+accepted with silently wrong results, now refused too; true in place stays allowed where every path
+reads before it writes (norms, gelu, swiglu, softmax, out = q in attention, merge, mla_decode).
 
 Every refused call runs in a forked subprocess, so a regression that crashes fails its test instead
 of killing pytest. The legitimate cases next to them (true in-place norms, slices of one fused buffer
@@ -211,6 +215,161 @@ REFUSED = {
         """, INV, ["v_cache: overlaps k_cache", "different tensor from k_cache"]),
 }
 
+# Problem D: outputs over float inputs (found by fuzzing: accepted, silently wrong results). Only true
+# in-place aliasing stays allowed where both paths read before they write (test_in_place_* below);
+# another view of an input's memory (transposed, shifted by a row, a dtype-reinterpreting view) is
+# refused with both names.
+REFUSED_FLOAT = {
+    # activations
+    "silu_and_mul_out_over_gate_half": ("""
+        x = torch.randn(4, 16)
+        capi.silu_and_mul(x, out=x[:, :8])
+        """, INV, ["out: overlaps x"]),
+    "gelu_and_mul_out_shifted_x": ("""
+        x = torch.randn(4, 16)
+        capi.gelu_and_mul(x, out=x.view(-1)[8:40].view(4, 8))
+        """, INV, ["out: overlaps x"]),
+    "swiglu_oai_out_over_x": ("""
+        x = torch.randn(4, 16)
+        capi.swiglu_oai(x, out=x[:, 8:])
+        """, INV, ["out: overlaps x"]),
+    "gelu_out_transposed_x": ("""
+        x = torch.randn(4, 4)
+        capi.gelu(x, out=x.t())
+        """, INV, ["out: overlaps x", "x itself, in place"]),
+    "swiglu_out_shifted_up": ("""
+        buf = torch.randn(5, 8)
+        capi.swiglu(torch.randn(4, 8), buf[0:4], out=buf[1:5])
+        """, INV, ["out: overlaps up"]),
+    # softmax and cross_entropy
+    "softmax_out_transposed_x": ("""
+        x = torch.randn(4, 4)
+        capi.softmax(x, out=x.t())
+        """, INV, ["out: overlaps x", "x itself, in place"]),
+    "log_softmax_out_reinterprets_x": ("""
+        x = torch.randn(4, 8)
+        capi.log_softmax(x, out=x.view(torch.bfloat16)[:, :8])
+        """, INV, ["out: overlaps x"]),
+    "cross_entropy_loss_over_logits": ("""
+        logits = torch.randn(4, 8)
+        capi.cross_entropy(logits, torch.tensor([0, 1, 2, 3]), reduction="none", out=logits[:, 1])
+        """, INV, ["loss: overlaps logits"]),
+    "cross_entropy_loss_over_target": ("""
+        t = torch.tensor([0, 1, 2, 3], dtype=torch.int32)
+        capi.cross_entropy(torch.randn(4, 8), t, reduction="none", out=t.view(torch.float32))
+        """, INV, ["loss: overlaps target"]),
+    # embedding
+    "embedding_out_over_weight": ("""
+        w = torch.randn(4, 4)
+        capi.embedding(torch.tensor([0, 1]), w, out=w[1:3])
+        """, INV, ["out: overlaps weight"]),
+    # rope (refused since 66ab9ea: q and k against every input they are rotated with)
+    "qk_norm_rope_q_over_q_weight": ("""
+        q = torch.randn(3, 2, 8)
+        capi.qk_norm_rope(q, None, q[0, 0], None, torch.randn(4, 8), torch.zeros(3, dtype=torch.long))
+        """, INV, ["q: overlaps q_weight"]),
+    # kv cache
+    "reshape_and_cache_k_cache_over_key": ("""
+        kc, vc = torch.randn(2, 4, 1, 8), torch.zeros(2, 4, 1, 8)
+        capi.reshape_and_cache(kc[1, 1:3], torch.zeros(2, 1, 8), kc, vc, torch.tensor([4, 5]))
+        """, INV, ["k_cache: overlaps key"]),
+    "reshape_and_cache_v_cache_over_v_scale": ("""
+        kc, vc = torch.zeros(2, 4, 1, 8, dtype=torch.float8_e4m3fn), torch.zeros(2, 4, 1, 8, dtype=torch.float8_e4m3fn)
+        vs = vc.view(torch.float32).view(-1)[0:1]
+        vs.fill_(1.0)
+        capi.reshape_and_cache(torch.randn(2, 1, 8), torch.randn(2, 1, 8), kc, vc, torch.tensor([1, 2]),
+                               torch.ones(1), vs)
+        """, INV, ["v_cache: overlaps v_scale"]),
+    "copy_blocks_v_cache_shifted_over_k_cache": ("""
+        buf = torch.randn(5, 2, 1, 8)
+        capi.copy_blocks([buf[0:4]], [buf[1:5]], torch.tensor([[1, 2]]))
+        """, INV, ["v_caches[0]: overlaps k_caches[0]"]),
+    "copy_blocks_layers_overlap": ("""
+        buf = torch.randn(5, 2, 1, 8)
+        capi.copy_blocks([buf[0:4], buf[1:5]], [torch.randn(4, 2, 1, 8), torch.randn(4, 2, 1, 8)],
+                         torch.tensor([[1, 2]]))
+        """, INV, ["k_caches[1]: overlaps k_caches[0]"]),
+    # paged attention
+    "paged_attention_out_over_k_cache": ("""
+        q, kc = torch.randn(2, 1, 8), torch.randn(4, 4, 1, 8)
+        bt = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+        capi.paged_attention(q, kc, torch.randn(4, 4, 1, 8), bt, torch.tensor([5, 6], dtype=torch.int32),
+                             out=kc[0, 0:2])
+        """, INV, ["out: overlaps k_cache"]),
+    "paged_attention_out_shifted_q": ("""
+        buf, kc = torch.randn(3, 1, 8), torch.randn(4, 4, 1, 8)
+        bt = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+        capi.paged_attention(buf[0:2], kc, kc, bt, torch.tensor([5, 6], dtype=torch.int32), out=buf[1:3])
+        """, INV, ["out: overlaps q", "q itself, in place"]),
+    "paged_attention_lse_over_q": ("""
+        q, kc = torch.randn(2, 1, 8), torch.randn(4, 4, 1, 8)
+        bt = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+        capi.paged_attention(q, kc, kc, bt, torch.tensor([5, 6], dtype=torch.int32), lse=q.view(-1)[0:2].view(2, 1))
+        """, INV, ["lse: overlaps q"]),
+    # flash attention
+    "flash_attention_out_transposed_q": ("""
+        q, k, v = torch.randn(1, 4, 4, 4), torch.randn(1, 4, 4, 4), torch.randn(1, 4, 4, 4)
+        capi.flash_attention(q, k, v, out=q.transpose(1, 2))
+        """, INV, ["out: overlaps q", "q itself, in place"]),
+    "flash_attention_out_is_v": ("""
+        q, k, v = torch.randn(1, 4, 1, 4), torch.randn(1, 4, 1, 4), torch.randn(1, 4, 1, 4)
+        capi.flash_attention(q, k, v, out=v)
+        """, INV, ["out: overlaps v"]),
+    "flash_attention_lse_over_k": ("""
+        q, k, v = torch.randn(1, 4, 1, 4), torch.randn(1, 4, 1, 4), torch.randn(1, 4, 1, 4)
+        capi.flash_attention(q, k, v, lse=k.view(-1)[4:8].view(1, 1, 4))
+        """, INV, ["lse: overlaps k"]),
+    # varlen
+    "flash_varlen_out_over_k": ("""
+        q, k, v = torch.randn(4, 1, 4), torch.randn(4, 1, 4), torch.randn(4, 1, 4)
+        cu = torch.tensor([0, 2, 4], dtype=torch.int32)
+        capi.flash_attention_varlen(q, k, v, cu, cu, 2, 2, out=k)
+        """, INV, ["out: overlaps k"]),
+    "flash_varlen_out_shifted_q": ("""
+        buf, k, v = torch.randn(5, 1, 4), torch.randn(4, 1, 4), torch.randn(4, 1, 4)
+        cu = torch.tensor([0, 2, 4], dtype=torch.int32)
+        capi.flash_attention_varlen(buf[0:4], k, v, cu, cu, 2, 2, out=buf[1:5])
+        """, INV, ["out: overlaps q"]),
+    # merge_attn_states
+    "merge_out_shifted_out_a": ("""
+        buf, ob = torch.randn(5, 1, 4), torch.randn(4, 1, 4)
+        capi.merge_attn_states(buf[0:4], torch.randn(4, 1), ob, torch.randn(4, 1), out=buf[1:5])
+        """, INV, ["out: overlaps out_a", "out_a or out_b itself"]),
+    "merge_out_over_out_b_transposed": ("""
+        oa, ob = torch.randn(4, 4, 4), torch.randn(4, 4, 4)
+        capi.merge_attn_states(oa, torch.randn(4, 4), ob, torch.randn(4, 4), out=ob.transpose(0, 1))
+        """, INV, ["out: overlaps out_b"]),
+    "merge_lse_over_lse_b_transposed": ("""
+        lb = torch.randn(4, 4)
+        capi.merge_attn_states(torch.randn(4, 4, 2), torch.randn(4, 4), torch.randn(4, 4, 2), lb, lse=lb.t())
+        """, INV, ["lse: overlaps lse_b"]),
+    "merge_lse_over_out_a": ("""
+        oa = torch.randn(4, 1, 4)
+        capi.merge_attn_states(oa, torch.randn(4, 1), torch.randn(4, 1, 4), torch.randn(4, 1),
+                               lse=oa.view(-1)[0:4].view(4, 1))
+        """, INV, ["lse: overlaps out_a"]),
+    # mla_decode
+    "mla_decode_out_shifted_q_nope": ("""
+        buf, qp, kv = torch.randn(3, 1, 4), torch.randn(2, 1, 2), torch.randn(4, 4, 6)
+        bt = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+        capi.mla_decode(buf[0:2], qp, kv, bt, torch.tensor([5, 6], dtype=torch.int32), out=buf[1:3], scale=.5,
+                        kv_lora_rank=4, rope_dim=2)
+        """, INV, ["out: overlaps q_nope", "q_nope itself, in place"]),
+    "mla_decode_out_over_kv_cache": ("""
+        qn, qp, kv = torch.randn(2, 1, 4), torch.randn(2, 1, 2), torch.randn(4, 4, 6)
+        bt = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+        capi.mla_decode(qn, qp, kv, bt, torch.tensor([5, 6], dtype=torch.int32), out=kv[1, 0:2, None, 0:4],
+                        scale=.5, kv_lora_rank=4, rope_dim=2)
+        """, INV, ["out: overlaps kv_cache"]),
+    "mla_decode_lse_over_q_pe": ("""
+        qn, qp, kv = torch.randn(2, 1, 4), torch.randn(2, 1, 2), torch.randn(4, 4, 6)
+        bt = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+        capi.mla_decode(qn, qp, kv, bt, torch.tensor([5, 6], dtype=torch.int32), lse=qp[:, :, 0], scale=.5,
+                        kv_lora_rank=4, rope_dim=2)
+        """, INV, ["lse: overlaps q_pe"]),
+}
+REFUSED.update(REFUSED_FLOAT)
+
 
 @pytest.mark.parametrize("case", list(REFUSED))
 def test_refused(case):
@@ -258,6 +417,61 @@ def test_query_support_agrees(case):
     op, tensors, options, text = list(_overlap_query_cases())[case]
     s = capi.query_support(op, tensors, options)
     assert s.name == "KS_ERR_INVALID_ARGUMENT" and text in s.message, s
+
+
+def _float_query_cases():
+    x = torch.randn(4, 4)
+    yield "gelu", [x, x.t()], capi.options("gelu"), "out: overlaps x"
+    x = torch.randn(4, 16)
+    yield "silu_and_mul", [x, x[:, :8]], None, "out: overlaps x"
+    x = torch.randn(4, 8)
+    yield "softmax", [x, x.view(torch.bfloat16)[:, :8]], capi.options("softmax"), "out: overlaps x"
+    logits = torch.randn(4, 8)
+    yield "cross_entropy", [logits, torch.tensor([0, 1, 2, 3]), logits[:, 1]], \
+        capi.options("cross_entropy", reduction="none"), "loss: overlaps logits"
+    w = torch.randn(4, 4)
+    yield "embedding", [torch.tensor([0, 1]), w, w[1:3]], None, "out: overlaps weight"
+    buf = torch.randn(5, 2, 1, 8)
+    yield "copy_blocks", [buf[0:4], buf[1:5], torch.tensor([[1, 2]])], None, "v_caches[0]: overlaps k_caches[0]"
+    kc = torch.randn(4, 4, 1, 8)
+    yield "paged_attention", [torch.randn(2, 1, 8), kc, kc, torch.tensor([[0, 1], [2, 3]], dtype=torch.int32),
+                              torch.tensor([5, 6], dtype=torch.int32), None, None, None, None, kc[0, 0:2], None,
+                              None], capi.options("paged_attention"), "out: overlaps k_cache"
+    q = torch.randn(1, 4, 4, 4)
+    yield "flash_attention", [q, torch.randn(1, 4, 4, 4), torch.randn(1, 4, 4, 4), None, q.transpose(1, 2), None], \
+        capi.options("flash_attention"), "out: overlaps q"
+    buf = torch.randn(5, 1, 4)
+    yield "merge_attn_states", [buf[0:4], torch.randn(4, 1), torch.randn(4, 1, 4), torch.randn(4, 1), buf[1:5],
+                                None], None, "out: overlaps out_a"
+    qp, bt = torch.randn(2, 1, 2), torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    yield "mla_decode", [torch.randn(2, 1, 4), qp, torch.randn(4, 4, 6), bt, torch.tensor([5, 6], dtype=torch.int32),
+                         None, torch.empty(2, 1, 4), qp[:, :, 0]], \
+        capi.options("mla_decode", scale=0.5, kv_lora_rank=4, rope_dim=2), "lse: overlaps q_pe"
+
+
+@pytest.mark.parametrize("case", range(10))
+def test_query_support_agrees_float_inputs(case):
+    op, tensors, options, text = list(_float_query_cases())[case]
+    s = capi.query_support(op, tensors, options)
+    assert s.name == "KS_ERR_INVALID_ARGUMENT" and text in s.message, s
+
+
+def test_query_support_float_inputs_on_cuda_descriptors():
+    """Outputs over float inputs are refused for CUDA descriptors too, after the CUDA layout checks and
+    before any plan (no driver needed)."""
+    from capi_helpers import on_cuda
+    buf = torch.randn(5, 8)
+    s = capi.query_support("softmax", [on_cuda(buf[0:4]), on_cuda(buf[1:5])], capi.options("softmax"))
+    assert s.name == "KS_ERR_INVALID_ARGUMENT" and "out: overlaps x" in s.message, s
+    q, k, v = torch.randn(1, 4, 1, 4), torch.randn(1, 4, 1, 4), torch.randn(1, 4, 1, 4)
+    s = capi.query_support("flash_attention", [on_cuda(q), on_cuda(k), on_cuda(v), None, on_cuda(v), None],
+                           capi.options("flash_attention"))
+    assert s.name == "KS_ERR_INVALID_ARGUMENT" and "out: overlaps v" in s.message, s
+    # a dry run without data compares nothing (the query of metadata only)
+    x = capi.to_dltensor(torch.randn(4, 4))
+    x.data = None
+    s = capi.query_support("gelu", [x, x], capi.options("gelu"))
+    assert s.name == "KS_OK", s
 
 
 def test_query_support_on_cuda_descriptors():
@@ -365,3 +579,116 @@ def test_copy_blocks_and_huge_block_size_still_run():
     assert torch.allclose(out, base[0].expand(1, 1, 1))
     assert torch.allclose(lse, (q[0, 0, 0] * base[0] + torch.log(torch.tensor(2.0))).view(1, 1))
 
+
+
+# ---- true in place, where every path reads before it writes: still runs, matches the reference
+
+REF = dict(backend="reference")
+
+
+def _close(got, want):
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_in_place_elementwise_and_softmax():
+    import kernelset as ks
+    x = torch.randn(6, 32)
+    for approx in ("none", "tanh"):
+        xi = x.clone()
+        assert capi.gelu(xi, approximate=approx, out=xi) is xi
+        assert torch.equal(xi, capi.gelu(x, approximate=approx))
+        _close(xi, ks.gelu(x, approximate=approx, **REF))
+    gate, up = torch.randn(6, 32), torch.randn(6, 32)
+    want = capi.swiglu(gate, up)
+    _close(want, ks.swiglu(gate, up, **REF))
+    g, u = gate.clone(), up.clone()
+    capi.swiglu(g, u, out=g)  # out = gate
+    assert torch.equal(g, want) and torch.equal(u, up)
+    g, u = gate.clone(), up.clone()
+    capi.swiglu(g, u, out=u)  # out = up
+    assert torch.equal(u, want) and torch.equal(g, gate)
+    xt = x.t().contiguous().t()  # column-major: in place through the same strides
+    for name in ("softmax", "log_softmax"):
+        fn = getattr(capi, name)
+        want = fn(x, temperature=0.7)
+        _close(want, getattr(ks, name)(x, temperature=0.7, **REF))
+        xi = x.clone()
+        assert fn(xi, temperature=0.7, out=xi) is xi
+        assert torch.equal(xi, want)
+        xs = xt.clone().t().contiguous().t()
+        fn(xs, temperature=0.7, out=xs)
+        assert torch.equal(xs, want)
+
+
+def test_cross_entropy_mean_loss_may_share_memory():
+    """A mean or sum writes its one element after every input was read: sharing is harmless and allowed."""
+    import kernelset as ks
+    logits, target = torch.randn(4, 8), torch.tensor([0, 1, 2, 3])
+    want = ks.cross_entropy(logits, target, **REF)
+    buf = logits.clone()
+    loss = capi.cross_entropy(buf, target, out=buf[3, 7])
+    _close(loss, want)
+
+
+def test_copy_blocks_same_cache_twice():
+    """The same cache as k and v, or for two layers, copies the same blocks twice (as in Python)."""
+    import kernelset as ks
+    kc = torch.randn(4, 2, 1, 8)
+    mapping = torch.tensor([[1, 0], [2, 3]])
+    want = kc.clone()
+    ks.copy_blocks([want], [want.clone()], mapping, **REF)
+    got = kc.clone()
+    capi.copy_blocks([got], [got], mapping)
+    assert torch.equal(got, want)
+    got = kc.clone()
+    capi.copy_blocks([got, got], [got, got], mapping)
+    assert torch.equal(got, want)
+
+
+def test_in_place_attention():
+    """out = q (and merge's out = out_a, lse = lse_a): each query row is read before its output row is
+    written, by the CPU loops and the CUDA kernels."""
+    import kernelset as ks
+    # paged decode
+    q, kc, vc = torch.randn(2, 2, 8), torch.randn(4, 4, 1, 8), torch.randn(4, 4, 1, 8)
+    bt, sl = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32), torch.tensor([5, 6], dtype=torch.int32)
+    want = ks.paged_attention(q, kc, vc, bt, sl, return_lse=True, **REF)
+    qi = q.clone()
+    o, lse = capi.paged_attention(qi, kc, vc, bt, sl, out=qi, return_lse=True)
+    assert o is qi
+    _close(o, want.out)
+    _close(lse, want.lse)
+    # flash (dense) and varlen
+    q, k, v = torch.randn(2, 5, 2, 8), torch.randn(2, 7, 1, 8), torch.randn(2, 7, 1, 8)
+    want = ks.flash_attention(q, k, v, causal=True, return_lse=True, **REF)
+    qi = q.clone()
+    o, lse = capi.flash_attention(qi, k, v, out=qi, causal=True, return_lse=True)
+    assert o is qi
+    _close(o, want.out)
+    _close(lse, want.lse)
+    q, k, v = torch.randn(6, 2, 8), torch.randn(9, 2, 8), torch.randn(9, 2, 8)
+    cuq, cuk = torch.tensor([0, 2, 6], dtype=torch.int32), torch.tensor([0, 4, 9], dtype=torch.int32)
+    want = ks.flash_attention_varlen(q, k, v, cuq, cuk, 4, 5, causal=True, return_lse=True, **REF)
+    qi = q.clone()
+    o, lse = capi.flash_attention_varlen(qi, k, v, cuq, cuk, 4, 5, out=qi, causal=True, return_lse=True)
+    assert o is qi
+    _close(o, want.out)
+    _close(lse, want.lse)
+    # merge_attn_states: out = out_a, lse = lse_a; and out = out_b
+    oa, ob, la, lb = torch.randn(5, 2, 8), torch.randn(5, 2, 8), torch.randn(5, 2), torch.randn(5, 2)
+    want = ks.merge_attn_states(oa, la, ob, lb, **REF)
+    oi, li = oa.clone(), la.clone()
+    o, lse = capi.merge_attn_states(oi, li, ob, lb, out=oi, lse=li)
+    assert o is oi and lse is li
+    _close(o, want.out)
+    _close(lse, want.lse)
+    oi = ob.clone()
+    _close(capi.merge_attn_states(oa, la, oi, lb, out=oi), want.out)
+    # mla_decode: out = q_nope
+    qn, qp, kv = torch.randn(2, 3, 4), torch.randn(2, 3, 2), torch.randn(4, 4, 6)
+    want = ks.mla_decode(qn, qp, kv, bt, sl, scale=0.5, kv_lora_rank=4, rope_dim=2, return_lse=True, **REF)
+    qi = qn.clone()
+    o, lse = capi.mla_decode(qi, qp, kv, bt, sl, out=qi, return_lse=True, scale=0.5, kv_lora_rank=4, rope_dim=2)
+    assert o is qi
+    _close(o, want.out)
+    _close(lse, want.lse)

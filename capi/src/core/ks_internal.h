@@ -219,11 +219,22 @@ int ks_views_overlap(const ks_view *a, const ks_view *b);
 /* true in-place aliasing: both touch memory, same data pointer, dtype and shape, and the same
  * strides on every dim of more than one element */
 int ks_views_same(const ks_view *a, const ks_view *b);
+/* the bytes v can touch, [*lo, *hi) as addresses (a range that would wrap around: all of them); 0
+ * (and an empty range) when it touches no memory (absent, empty, or without data) */
+int ks_view_byte_range(const ks_view *v, uint64_t *lo, uint64_t *hi);
 /* KS_ERR_INVALID_ARGUMENT "<out>: overlaps <in> (<why>)" when ks_views_overlap(out, in) */
 ks_status_t ks_check_disjoint(const ks_view *out, const ks_view *in, const char *why);
 /* ks_check_disjoint for an output against an index input (ids, slot_mapping, block_table, ...):
  * the CPU paths check index data, then read it again while writing outputs */
 ks_status_t ks_check_not_index(const ks_view *out, const ks_view *index);
+/* An output against an input it may replace in place: KS_OK when out and in are one view
+ * (ks_views_same: true in place, for ops whose CPU and CUDA paths read each element or row before
+ * writing it), else ks_check_disjoint (a partial overlap, another view of in's memory, is refused) */
+ks_status_t ks_check_same_or_disjoint(const ks_view *out, const ks_view *in, const char *why);
+/* ks_check_disjoint for every output against every input (NULL entries and absent views are
+ * skipped): for inputs no output may replace in place */
+ks_status_t ks_check_disjoint_all(const ks_view *const *outs, int n_outs, const ks_view *const *ins, int n_ins,
+                                  const char *why);
 
 /* options.c. ks_read_options fills op's defaults into *out itself (no ks_options_init needed
  * first) and takes whole fields only: a size ending inside a field is refused. */

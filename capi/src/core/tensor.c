@@ -379,6 +379,20 @@ int ks_views_overlap(const ks_view *a, const ks_view *b) {
   return 1;
 }
 
+int ks_view_byte_range(const ks_view *v, uint64_t *lo, uint64_t *hi) {
+  *lo = *hi = 0;
+  if (!touches_memory(v)) return 0;
+  int64_t l, h;
+  byte_extent(v, 0, &l, &h);
+  *lo = (uint64_t)(uintptr_t)v->data + (uint64_t)l;
+  *hi = (uint64_t)(uintptr_t)v->data + (uint64_t)h;
+  if (*hi <= *lo) { /* wraps around the address space: all of it, conservatively */
+    *lo = 0;
+    *hi = UINT64_MAX;
+  }
+  return 1;
+}
+
 int ks_views_same(const ks_view *a, const ks_view *b) {
   if (!touches_memory(a) || !touches_memory(b)) return 0;
   if (a->data != b->data || a->dtype != b->dtype || a->ndim != b->ndim) return 0;
@@ -396,4 +410,19 @@ ks_status_t ks_check_disjoint(const ks_view *out, const ks_view *in, const char 
 
 ks_status_t ks_check_not_index(const ks_view *out, const ks_view *index) {
   return ks_check_disjoint(out, index, "an output may not share memory with index data");
+}
+
+ks_status_t ks_check_same_or_disjoint(const ks_view *out, const ks_view *in, const char *why) {
+  if (ks_views_same(out, in)) return KS_OK;
+  return ks_check_disjoint(out, in, why);
+}
+
+ks_status_t ks_check_disjoint_all(const ks_view *const *outs, int n_outs, const ks_view *const *ins, int n_ins,
+                                  const char *why) {
+  for (int i = 0; i < n_outs; i++) {
+    if (outs[i] == NULL) continue;
+    for (int j = 0; j < n_ins; j++)
+      if (ins[j] != NULL) KS_TRY(ks_check_disjoint(outs[i], ins[j], why));
+  }
+  return KS_OK;
 }

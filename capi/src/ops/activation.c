@@ -3,7 +3,10 @@
  * Semantics of kernelset.ops.activation (reference.py): fp32 math; the gated forms round the
  * activation to the storage dtype before multiplying by up (as transformers and vLLM do);
  * swiglu_oai rounds once. One path serves all five, told apart by the activation (KS_ACT_*) and
- * where gate and up live (KS_ACT_LAYOUT_*), the enums of the package's launcher. */
+ * where gate and up live (KS_ACT_LAYOUT_*), the enums of the package's launcher.
+ * out may not share memory with its inputs (KS_ERR_INVALID_ARGUMENT naming both), except true in
+ * place for the elementwise ones: out = x (gelu), out = gate or out = up (swiglu), same dtype,
+ * shape and strides. */
 #include "ks_internal.h"
 #include "ks_cuda_ops.h"
 
@@ -27,6 +30,23 @@ static float act_of(float g, int act) {
       return 0.5f * g * (1.0f + tanhf(inner));
     }
   }
+}
+
+/* out against what it reads. gelu and swiglu are elementwise (the CPU loop and the CUDA kernel read
+ * each element, then write it): out may be x itself (gelu), or gate or up itself (swiglu), but no
+ * other view of their memory. The others map x [..., 2 * I] to out [..., I]: out is never x, and
+ * writing any of x's memory would change gate or up values still to be read. Checked after the CUDA
+ * layout checks (a layout error comes first, as in norm.c), before the dispatch and the dry-run
+ * return. */
+static ks_status_t check_memory(const act_kind *k, const ks_view *vo, const ks_view *vx, const ks_view *vu) {
+  if (k->layout == KS_ACT_LAYOUT_SINGLE)
+    return ks_check_same_or_disjoint(vo, vx, "out may be x itself, in place, but not another view of its memory");
+  if (k->layout == KS_ACT_LAYOUT_PAIR) {
+    const char *why = "out may be gate or up itself, in place, but not another view of their memory";
+    KS_TRY(ks_check_same_or_disjoint(vo, vx, why));
+    return ks_check_same_or_disjoint(vo, vu, why);
+  }
+  return ks_check_disjoint(vo, vx, "an output may not share memory with an input");
 }
 
 static ks_status_t run_act(ks_call *c, act_kind *k, const DLTensor *x, const DLTensor *up, DLTensor *out,
@@ -61,9 +81,11 @@ static ks_status_t run_act(ks_call *c, act_kind *k, const DLTensor *x, const DLT
     KS_TRY(ks_view_rows(&vx, &m, &sx));
     if (pair) KS_TRY(ks_view_rows(&vu, &m, &su));
     KS_TRY(ks_view_rows_out(&vo, &m, &sy));
+    KS_TRY(check_memory(k, &vo, &vx, &vu));
     KS_CUDA_DISPATCH(c, act_fwd, vx.dtype, ks_dev_ptr(c, &vx), ks_dev_ptr(c, &vu), ks_dev_ptr(c, &vo),
                      i ? rows : 0, i, sx, su, sy, (double)k->alpha, (double)k->limit, k->act, k->layout);
   }
+  KS_TRY(check_memory(k, &vo, &vx, &vu));
   if (c->dry_run) return KS_OK;
   const int dt = vx.dtype;
   const int64_t sx = vx.strides[vx.ndim - 1], sy = vo.strides[vo.ndim - 1];

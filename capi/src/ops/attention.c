@@ -18,7 +18,9 @@
  * output is written: KS_ERR_INVALID_ARGUMENT names the argument and the offending index.
  * Layouts: q/k/v/out/caches any strides with a unit-stride last dim; lse, block_table, seq_lens,
  * cu_seqlens and sinks any strides. The outputs (out, lse, workspace) may share memory neither with
- * each other nor with the index inputs (KS_ERR_INVALID_ARGUMENT naming both), on CPU and CUDA.
+ * each other nor with the inputs (KS_ERR_INVALID_ARGUMENT naming both), on CPU and CUDA, except true
+ * in place (same data, dtype, shape and strides): out = q (paged, flash, varlen; mla_decode's out =
+ * q_nope), and merge_attn_states' out = out_a or out_b, lse = lse_a or lse_b.
  *
  * CUDA path: the Python package's Triton kernels compiled ahead of time (capi/generated), called
  * with the launch policy of kernelset.ops.attention.launch; the layouts they address are checked
@@ -72,6 +74,15 @@ ks_status_t ks_attn_check_outputs(const ks_view *const *outs, int n_outs, const 
       KS_TRY(ks_check_disjoint(outs[j], outs[i], "the outputs of a call may not share memory"));
   }
   return KS_OK;
+}
+
+ks_status_t ks_attn_check_inputs(const ks_view *const *outs, int n_outs, const ks_view *const *ins, int n_ins) {
+  char why[96];
+  snprintf(why, sizeof why, "%s may be %s itself, in place, but not another view of its memory", outs[0]->name,
+           ins[0]->name);
+  KS_TRY(ks_check_same_or_disjoint(outs[0], ins[0], why));
+  KS_TRY(ks_check_disjoint_all(outs, 1, ins + 1, n_ins - 1, "an output may not share memory with an input"));
+  return ks_check_disjoint_all(outs + 1, n_outs - 1, ins, n_ins, "an output may not share memory with an input");
 }
 
 /* v has exactly the given shape ("what" says why) */
@@ -316,6 +327,13 @@ ks_status_t ks_attn_check_table_rows(const ks_view *bt) {
   return KS_OK;
 }
 
+/* the outputs (out, lse, workspace) against the inputs: out may be q itself (in place), nothing
+ * else may meet. Checked after the CUDA layout checks, before the dispatch and the dry-run return. */
+static ks_status_t check_paged_inputs(const paged_problem *p) {
+  const ks_view *outs[3] = {&p->out, &p->lse, &p->ws}, *ins[6] = {&p->q, &p->kc, &p->vc, &p->sinks, &p->ks, &p->vs};
+  return ks_attn_check_inputs(outs, 3, ins, 6);
+}
+
 /* kernelset.ops.attention.launch.paged_attention: split-KV when a workspace is given (its size
  * is checked against the split count the policy picks for this GPU), one pass otherwise. The
  * data (seq_lens, block ids, cu_seqlens_q) is not checked on CUDA (no host sync): the kernel
@@ -327,6 +345,7 @@ static ks_status_t paged_cuda(ks_call *c, const paged_problem *p) {
   KS_TRY(ks_attn_check_unit_stride(&p->lens));
   KS_TRY(ks_attn_check_unit_stride(&p->cu));
   KS_TRY(ks_attn_check_unit_stride(&p->sinks));
+  KS_TRY(check_paged_inputs(p));
   const int64_t ws_bytes = p->ws.present ? p->ws.numel : 0;
   KS_CUDA_DISPATCH(c, paged_attention, p->q.dtype, p->kc.dtype, ks_dev_ptr(c, &p->q), ks_dev_ptr(c, &p->kc),
                    ks_dev_ptr(c, &p->vc), ks_dev_ptr(c, &p->bt), ks_dev_ptr(c, &p->lens), ks_dev_ptr(c, &p->cu),
@@ -428,6 +447,7 @@ static ks_status_t run_paged_attention(ks_call *c, const DLTensor *q, const DLTe
     KS_TRY(ks_attn_check_outputs(outs, 3, index, 3));
   }
   if (c->device_type == kDLCUDA) return paged_cuda(c, &p);
+  KS_TRY(check_paged_inputs(&p));
   if (c->dry_run) return KS_OK; /* on the CPU the workspace is not used */
   KS_TRY(check_paged_data(&p));
   if (p.T == 0 || p.hq == 0) return KS_OK;
@@ -490,6 +510,25 @@ static float logaddexpf(float a, float b) {
   return m + log1pf(expf(-fabsf(a - b)));
 }
 
+/* Each (t, h) row of out and lse is written after the rows it merges were read (the CPU loop and
+ * the CUDA kernel alike): out may be out_a or out_b itself, lse may be lse_a or lse_b itself (in
+ * place); no other sharing. Checked after the CUDA layout checks, before the dispatch and the
+ * dry-run return. */
+static ks_status_t check_merge_inputs(const ks_view *vo, const ks_view *vl, const ks_view *oa, const ks_view *ob,
+                                      const ks_view *la, const ks_view *lb) {
+  const char *why_o = "out may be out_a or out_b itself, in place, but not another view of their memory";
+  const char *why_l = "lse may be lse_a or lse_b itself, in place, but not another view of their memory";
+  const char *why = "an output may not share memory with an input";
+  KS_TRY(ks_check_same_or_disjoint(vo, oa, why_o));
+  KS_TRY(ks_check_same_or_disjoint(vo, ob, why_o));
+  KS_TRY(ks_check_disjoint(vo, la, why));
+  KS_TRY(ks_check_disjoint(vo, lb, why));
+  KS_TRY(ks_check_same_or_disjoint(vl, la, why_l));
+  KS_TRY(ks_check_same_or_disjoint(vl, lb, why_l));
+  KS_TRY(ks_check_disjoint(vl, oa, why));
+  return ks_check_disjoint(vl, ob, why);
+}
+
 static ks_status_t run_merge_attn_states(ks_call *c, const DLTensor *out_a, const DLTensor *lse_a,
                                          const DLTensor *out_b, const DLTensor *lse_b, DLTensor *out, DLTensor *lse) {
   char sb[160];
@@ -524,11 +563,13 @@ static ks_status_t run_merge_attn_states(ks_call *c, const DLTensor *out_a, cons
   if (c->device_type == kDLCUDA) {
     KS_TRY(ks_check_contiguous(&vo));
     if (vl.present) KS_TRY(ks_check_contiguous(&vl));
+    KS_TRY(check_merge_inputs(&vo, &vl, &oa, &ob, &la, &lb));
     KS_CUDA_DISPATCH(c, merge_attn_states, oa.dtype, ob.dtype, ks_dev_ptr(c, &oa), ks_dev_ptr(c, &la),
                      ks_dev_ptr(c, &ob), ks_dev_ptr(c, &lb), ks_dev_ptr(c, &vo), ks_dev_ptr(c, &vl), oa.shape[0],
                      oa.shape[1], oa.shape[2], oa.strides[0], oa.strides[1], ob.strides[0], ob.strides[1],
                      la.strides[0], la.strides[1], lb.strides[0], lb.strides[1]);
   }
+  KS_TRY(check_merge_inputs(&vo, &vl, &oa, &ob, &la, &lb));
   if (c->dry_run) return KS_OK;
   const int64_t T = oa.shape[0], H = oa.shape[1], D = oa.shape[2];
   for (int64_t t = 0; t < T; t++)

@@ -60,6 +60,12 @@ int64_t ks_attn_capacity(const ks_view *bt, int64_t bs);
  * each other: KS_ERR_INVALID_ARGUMENT naming both. Absent views are skipped. */
 ks_status_t ks_attn_check_outputs(const ks_view *const *outs, int n_outs, const ks_view *const *index, int n_index);
 
+/* Outputs against the float inputs they are computed from: outs[0] (out) may be ins[0] (q, q_nope)
+ * itself, true in place (the CPU row loops and the CUDA kernels read each query row before they
+ * write its output row, and read no query row another program writes); every other pair must be
+ * disjoint (KS_ERR_INVALID_ARGUMENT naming both). Absent views are skipped. */
+ks_status_t ks_attn_check_inputs(const ks_view *const *outs, int n_outs, const ks_view *const *ins, int n_ins);
+
 /* a 1-D index tensor must be contiguous on CUDA */
 ks_status_t ks_attn_check_unit_stride(const ks_view *v);
 

@@ -4,9 +4,16 @@
  * is written: an id outside [0, V) gives KS_ERR_INVALID_ARGUMENT naming it (the Python API's
  * check_ids). CUDA tensors run the package's kernel (ks_cuda_embedding_fwd_launch), where an
  * out-of-range id is never read and its output row is NaN (no host sync to check ids). out may not
- * share memory with ids (KS_ERR_INVALID_ARGUMENT). */
+ * share memory with ids or weight (KS_ERR_INVALID_ARGUMENT naming both). */
 #include "ks_internal.h"
 #include "ks_cuda_ops.h"
+
+/* Rows of weight are gathered while out is written: out may not be (a view of) weight, not even
+ * weight itself (out[k] = weight[ids[k]] is no in-place operation). Checked after the CUDA layout
+ * checks, before the dispatch and the dry-run return. */
+static ks_status_t check_weight_apart(const ks_view *vo, const ks_view *vw) {
+  return ks_check_disjoint(vo, vw, "an output may not share memory with an input");
+}
 
 static ks_status_t run_embedding(ks_call *c, const DLTensor *ids, const DLTensor *weight, DLTensor *out) {
   ks_view vi, vw, vo;
@@ -30,9 +37,11 @@ static ks_status_t run_embedding(ks_call *c, const DLTensor *ids, const DLTensor
     KS_TRY(ks_check_contiguous(&vi));
     KS_TRY(ks_check_contiguous(&vo));
     KS_TRY(ks_view_rows(&vw, &rows, &sw));
+    KS_TRY(check_weight_apart(&vo, &vw));
     KS_CUDA_DISPATCH(c, embedding_fwd, vi.dtype, vw.dtype, ks_dev_ptr(c, &vi), ks_dev_ptr(c, &vw), ks_dev_ptr(c, &vo),
                      h ? n : 0, v, h, sw);
   }
+  KS_TRY(check_weight_apart(&vo, &vw));
   if (c->dry_run) return KS_OK;
   for (int64_t k = 0; k < n; k++) {
     const int64_t id = ks_load_index(vi.data, vi.dtype, ks_flat_offset(&vi, k));

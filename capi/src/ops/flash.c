@@ -145,6 +145,13 @@ static ks_status_t run_flash_cpu(flash_problem *p, const char *op) {
   return KS_OK;
 }
 
+/* out and lse against q, k, v and sinks: out may be q itself (in place), nothing else may meet.
+ * Checked after the CUDA layout checks, before the dispatch and the dry-run return. */
+static ks_status_t check_flash_inputs(const flash_problem *p) {
+  const ks_view *outs[2] = {&p->out, &p->lse}, *ins[4] = {&p->q, &p->k, &p->v, &p->sinks};
+  return ks_attn_check_inputs(outs, 2, ins, 4);
+}
+
 /* kernelset.ops.attention.launch.flash_attention_fwd (dense, or varlen with batch strides 0).
  * The LSE needs a unit token stride. Varlen on CUDA trusts cu_seqlens and max_seqlen_q/k (no host
  * sync), as the Python path does under graph capture; rows past cu_seqlens_q[-1] are not written. */
@@ -159,6 +166,7 @@ static ks_status_t flash_cuda(ks_call *c, const flash_problem *p) {
   KS_TRY(ks_attn_check_unit_stride(&p->sinks));
   KS_TRY(ks_attn_check_unit_stride(&p->cu_q));
   KS_TRY(ks_attn_check_unit_stride(&p->cu_k));
+  KS_TRY(check_flash_inputs(p));
   const ks_view *q = &p->q, *k = &p->k, *vv = &p->v, *o = &p->out;
   const int32_t d = v ? 0 : 1; /* dims of (token, head) follow the batch dim when dense */
   KS_CUDA_DISPATCH(c, flash_fwd, q->dtype, ks_dev_ptr(c, q), ks_dev_ptr(c, k), ks_dev_ptr(c, vv), ks_dev_ptr(c, o),
@@ -192,6 +200,7 @@ static ks_status_t run_flash_attention(ks_call *c, const DLTensor *q, const DLTe
     KS_TRY(ks_attn_check_outputs(outs, 2, NULL, 0));
   }
   if (c->device_type == kDLCUDA) return flash_cuda(c, &p);
+  KS_TRY(check_flash_inputs(&p));
   if (c->dry_run) return KS_OK;
   return run_flash_cpu(&p, "flash_attention");
 }
@@ -265,6 +274,7 @@ static ks_status_t run_flash_attention_varlen(ks_call *c, const DLTensor *q, con
     KS_TRY(ks_attn_check_outputs(outs, 2, index, 2));
   }
   if (c->device_type == kDLCUDA) return flash_cuda(c, &p);
+  KS_TRY(check_flash_inputs(&p));
   if (c->dry_run) return KS_OK;
   KS_TRY(check_cu_data(&p.cu_q, p.q.shape[0], p.max_q, "max_seqlen_q"));
   KS_TRY(check_cu_data(&p.cu_k, p.k.shape[0], p.max_k, "max_seqlen_k"));

@@ -15,10 +15,12 @@
  *
  * The caches are written in place: each must have distinct elements (KS_ERR_UNSUPPORTED_LAYOUT),
  * and they may share memory neither with slot_mapping / block_mapping nor, in reshape_and_cache,
- * with each other (KS_ERR_INVALID_ARGUMENT naming both; the halves of one [num_blocks, 2, ...]
- * buffer do not meet and are fine).
+ * with each other, key, value or the scales (KS_ERR_INVALID_ARGUMENT naming both; the halves of one
+ * [num_blocks, 2, ...] buffer do not meet and are fine). copy_blocks' caches may share memory only
+ * as the same tensor given twice (k and v, or two layers: the same blocks copied twice).
  */
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "kv_cache.h"
 #include "ks_cuda_ops.h"
@@ -146,6 +148,11 @@ static ks_status_t run_reshape_and_cache(ks_call *c, const DLTensor *key, const 
                            "keys"));
   KS_TRY(ks_check_not_index(&p.kc, &p.slots));
   KS_TRY(ks_check_not_index(&p.vc, &p.slots));
+  {
+    /* ... nor with what is copied into them (key, value, the fp8 scales) */
+    const ks_view *outs[2] = {&p.kc, &p.vc}, *ins[4] = {&p.key, &p.value, &p.ks, &p.vs};
+    KS_TRY(ks_check_disjoint_all(outs, 2, ins, 4, "a cache may not share memory with what is written into it"));
+  }
   if (c->device_type == kDLCUDA && p.T > 1 && p.slots.strides[0] != 1)
     return ks_fail(KS_ERR_UNSUPPORTED_LAYOUT, "slot_mapping: expected contiguous on CUDA, got stride %lld",
                    (long long)p.slots.strides[0]);
@@ -231,6 +238,45 @@ static void copy_block(const ks_view *v, int64_t src, int64_t dst) {
     }
 }
 
+/* Caches that share memory without being the same view: copying the blocks of one would move
+ * blocks of the other, in an order the CPU loop and the GPU (pairs, k and v in parallel) do not
+ * share. A cache given twice (as k and v, or for two layers) only copies the same blocks twice and
+ * stays allowed, as in Python. The byte ranges first (distinct allocations never meet), the exact
+ * test only for ranges that intersect. */
+static ks_status_t check_caches_apart(ks_call *c, DLTensor *const *k_caches, DLTensor *const *v_caches,
+                                      int32_t num_layers) {
+  char names[4][32];
+  ks_view v[4];
+  const size_t n = 2 * (size_t)num_layers;
+  uint64_t *r = malloc(2 * n * sizeof *r);
+  if (r == NULL)
+    return ks_fail(KS_ERR_OUT_OF_MEMORY, "copy_blocks: could not allocate %zu bytes of CPU scratch", 2 * n * sizeof *r);
+  ks_status_t s = KS_OK;
+  for (int32_t i = 0; i < num_layers && s == KS_OK; i++) {
+    s = layer_views(c, k_caches, v_caches, i, NULL, &v[0], &v[1], names[0], names[1]);
+    if (s == KS_OK) {
+      ks_view_byte_range(&v[0], &r[4 * (size_t)i], &r[4 * (size_t)i + 1]);
+      ks_view_byte_range(&v[1], &r[4 * (size_t)i + 2], &r[4 * (size_t)i + 3]);
+    }
+  }
+  /* cache a: layer a / 2, k (even a) or v (odd a) */
+  for (size_t a = 0; a < n && s == KS_OK; a++) {
+    for (size_t b = a + 1; b < n && s == KS_OK; b++) {
+      if (r[2 * a] >= r[2 * a + 1] || r[2 * b] >= r[2 * b + 1]) continue; /* touches no memory */
+      if (r[2 * a + 1] <= r[2 * b] || r[2 * b + 1] <= r[2 * a]) continue;
+      s = layer_views(c, k_caches, v_caches, (int32_t)(a / 2), NULL, &v[0], &v[1], names[0], names[1]);
+      if (s == KS_OK) s = layer_views(c, k_caches, v_caches, (int32_t)(b / 2), NULL, &v[2], &v[3], names[2], names[3]);
+      if (s != KS_OK) break;
+      const ks_view *va = &v[a % 2], *vb = &v[2 + b % 2];
+      if (!ks_views_same(va, vb))
+        s = ks_check_disjoint(vb, va, "caches may share memory only as the same tensor (same data, dtype, shape and "
+                              "strides)");
+    }
+  }
+  free(r);
+  return s;
+}
+
 /* a block [block_size, Hkv, D] as one contiguous run (what _copy_blocks_kernel copies) */
 static ks_status_t check_block_contiguous(const ks_view *v) {
   const int64_t bs = v->shape[1], H = v->shape[2], D = v->shape[3];
@@ -296,6 +342,7 @@ static ks_status_t run_copy_blocks(ks_call *c, DLTensor *const *k_caches, DLTens
     KS_TRY(ks_check_not_index(&kv, &map));
     KS_TRY(ks_check_not_index(&vv, &map));
   }
+  KS_TRY(check_caches_apart(c, k_caches, v_caches, num_layers));
   if (c->device_type == kDLCUDA) return copy_blocks_cuda(c, k_caches, v_caches, num_layers, &map);
   if (c->dry_run) return KS_OK;
   const int64_t nb = first.shape[0], n = map.shape[0];

@@ -11,7 +11,8 @@
  * caches dequantized as x * kv_scale. seq_lens and the block ids each sequence uses are checked
  * before any output is written (KS_ERR_INVALID_ARGUMENT naming the argument and the index).
  * Layouts: q_nope/q_pe/kv_cache/out any strides with a unit-stride last dim; lse, block_table and
- * seq_lens any strides.
+ * seq_lens any strides. out and lse may share memory neither with each other nor with an input
+ * (KS_ERR_INVALID_ARGUMENT naming both), except out = q_nope itself (in place).
  *
  * CUDA path: the Python package's Triton kernel compiled ahead of time (capi/generated), called
  * with kernelset.ops.mla.launch's policy; its split-KV partials live in the library's discard
@@ -54,6 +55,15 @@ static ks_status_t check_mla_data(const mla_problem *p) {
   return KS_OK;
 }
 
+/* out and lse against the inputs: out may be q_nope itself (in place: the CPU reads a sequence's
+ * query rows, every head, before writing its out rows; the kernel reads the heads it writes, or
+ * writes split-KV partials that a later launch reduces); nothing else may meet. Checked after the
+ * CUDA layout checks, before the dispatch and the dry-run return. */
+static ks_status_t check_mla_inputs(const mla_problem *p) {
+  const ks_view *outs[2] = {&p->out, &p->lse}, *ins[4] = {&p->qn, &p->qp, &p->kv, &p->kvs};
+  return ks_attn_check_inputs(outs, 2, ins, 4);
+}
+
 /* kernelset.ops.mla.launch.mla_decode: out and lse contiguous (the kernel writes them row-major),
  * block_table rows and seq_lens unit-stride (the Python API copies them; the C ABI refuses). */
 static ks_status_t mla_cuda(ks_call *c, const mla_problem *p) {
@@ -61,6 +71,7 @@ static ks_status_t mla_cuda(ks_call *c, const mla_problem *p) {
   if (p->lse.present) KS_TRY(ks_check_contiguous(&p->lse));
   KS_TRY(ks_attn_check_table_rows(&p->bt));
   KS_TRY(ks_attn_check_unit_stride(&p->lens));
+  KS_TRY(check_mla_inputs(p));
   KS_CUDA_DISPATCH(c, mla_decode, p->qn.dtype, p->kv.dtype, ks_dev_ptr(c, &p->qn), ks_dev_ptr(c, &p->qp),
                    ks_dev_ptr(c, &p->kv), ks_dev_ptr(c, &p->bt), ks_dev_ptr(c, &p->lens), ks_dev_ptr(c, &p->kvs),
                    ks_dev_ptr(c, &p->out), ks_dev_ptr(c, &p->lse), p->B, p->H, p->R, p->P, p->nb, p->bs,
@@ -188,6 +199,7 @@ static ks_status_t run_mla_decode(ks_call *c, const DLTensor *q_nope, const DLTe
     KS_TRY(ks_attn_check_outputs(outs, 2, index, 2));
   }
   if (c->device_type == kDLCUDA) return mla_cuda(c, &p);
+  KS_TRY(check_mla_inputs(&p));
   if (c->dry_run) return KS_OK;
   KS_TRY(check_mla_data(&p));
   if (p.B == 0 || p.H == 0) return KS_OK;

@@ -6,11 +6,21 @@
  * 0 for rows whose target is ignore_index and NaN for a target outside [0, V); MEAN divides the
  * sum by the number of rows not ignored (at least 1). Row sums accumulate in double. CUDA tensors
  * run the package's kernels (softmax_fwd; ce_fwd: the per-row loss, reduced by the package's
- * reduction kernel for MEAN and SUM). */
+ * reduction kernel for MEAN and SUM). Outputs may not share memory with inputs (KS_ERR_INVALID_ARGUMENT
+ * naming both), except softmax's out = x (same dtype, shape and strides: in place) and the one-element
+ * loss of a mean or sum (written once, after every input was read). */
 #include "ks_internal.h"
 #include "ks_cuda_ops.h"
 
 /* ---- softmax / log_softmax */
+
+/* Each row is read whole before any of it is written (the CPU loop, and every CUDA kernel: the block
+ * kernel, the looped one's output pass reading each chunk before writing it, the split one's chunk
+ * per program), so out may be x itself; another view of x's memory would overwrite rows or elements
+ * still to be read. Checked after the CUDA layout checks, before the dispatch and the dry-run return. */
+static ks_status_t check_softmax_memory(const ks_view *vo, const ks_view *vx) {
+  return ks_check_same_or_disjoint(vo, vx, "out may be x itself, in place, but not another view of its memory");
+}
 
 static ks_status_t run_softmax(ks_call *c, ks_op_t op, const DLTensor *x, DLTensor *out,
                                const ks_softmax_options *user) {
@@ -32,9 +42,11 @@ static ks_status_t run_softmax(ks_call *c, ks_op_t op, const DLTensor *x, DLTens
     int64_t m, sx, sy;
     KS_TRY(ks_view_rows(&vx, &m, &sx));
     KS_TRY(ks_view_rows_out(&vo, &m, &sy));
+    KS_TRY(check_softmax_memory(&vo, &vx));
     KS_CUDA_DISPATCH(c, softmax_fwd, vx.dtype, vo.dtype, ks_dev_ptr(c, &vx), ks_dev_ptr(c, &vo), rows, n, sx, sy,
                      1.0 / (double)o.temperature, is_log);
   }
+  KS_TRY(check_softmax_memory(&vo, &vx));
   if (c->dry_run) return KS_OK;
   const int64_t sx = vx.strides[vx.ndim - 1], sy = vo.strides[vo.ndim - 1];
   const float t = o.temperature;
@@ -101,6 +113,18 @@ static ks_status_t ce_options(const ks_cross_entropy_options *user, ks_cross_ent
 
 static float capped(float x, float softcap) { return softcap > 0.0f ? softcap * tanhf(x / softcap) : x; }
 
+/* Reduction NONE writes loss row by row while later rows of logits and target are still to be read:
+ * loss may share memory with neither. A mean or sum writes its one element once, after every input
+ * was read (the CPU loop; on CUDA the per-row losses go to library scratch and the one-program
+ * reduction writes loss last), so there sharing is harmless and stays allowed. Checked after the
+ * CUDA layout checks, before the dispatch and the dry-run return. */
+static ks_status_t check_ce_memory(const ks_cross_entropy_options *o, const ks_view *vl, const ks_view *vx,
+                                   const ks_view *vt) {
+  if (o->reduction != KS_REDUCTION_NONE) return KS_OK;
+  KS_TRY(ks_check_disjoint(vl, vx, "an output may not share memory with an input"));
+  return ks_check_not_index(vl, vt);
+}
+
 static ks_status_t run_ce(ks_call *c, const DLTensor *logits, const DLTensor *target, DLTensor *loss,
                           const ks_cross_entropy_options *user) {
   ks_view vx, vt, vl;
@@ -130,10 +154,12 @@ static ks_status_t run_ce(ks_call *c, const DLTensor *logits, const DLTensor *ta
     KS_TRY(ks_view_rows(&vx, &m, &sx));
     KS_TRY(ks_check_contiguous(&vt));
     KS_TRY(ks_check_contiguous(&vl));
+    KS_TRY(check_ce_memory(&o, &vl, &vx, &vt));
     KS_CUDA_DISPATCH(c, ce_fwd, vx.dtype, vt.dtype, ks_dev_ptr(c, &vx), ks_dev_ptr(c, &vt), ks_dev_ptr(c, &vl), rows,
                      v, sx, o.ignore_index, (double)o.label_smoothing, (double)o.z_loss, (double)o.softcap,
                      o.reduction);
   }
+  KS_TRY(check_ce_memory(&o, &vl, &vx, &vt));
   if (c->dry_run) return KS_OK;
   const int64_t sx = vx.strides[vx.ndim - 1];
   const float eps = o.label_smoothing;
