@@ -22,6 +22,12 @@
  *   need a host sync), as in the Python package under graph capture.
  * - Storage dtypes: float32, float16, bfloat16 (fp8 e4m3fn for KV caches where noted), with fp32
  *   accumulation. Index tensors are int32 unless noted (positions, ids and targets: int32 or int64).
+ * - An output may not share memory with an input or another output (KS_ERR_INVALID_ARGUMENT naming
+ *   both; slices of one buffer that never meet are fine), except these exact in-place uses (the
+ *   same pointer, dtype, shape and strides): out = x for the norms, gelu and softmax /
+ *   log_softmax; out = gate or up for swiglu; out = q for paged / flash / varlen attention and
+ *   out = q_nope for mla_decode; merge_attn_states' out = out_a or out_b (lse likewise); the ops
+ *   that write their arguments by design (RoPE's q and k, the KV caches, the fused norm's residual).
  */
 #ifndef KERNELSET_H_
 #define KERNELSET_H_
