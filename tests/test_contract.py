@@ -27,20 +27,25 @@ from kernelset.core.errors import KernelsetError
 from kernelset.core.registry import impls
 
 T, D = 5, 16
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the kernels' device (CPU: interpreter)
 
 
 def _r(*shape):
-    return torch.randn(*shape)
+    return torch.randn(*shape, device=DEV)
 
 
 def _cache(max_pos, rot):
-    inv = 1.0 / (10000 ** (torch.arange(0, rot, 2).float() / rot))
-    f = torch.outer(torch.arange(max_pos).float(), inv)
+    inv = 1.0 / (10000 ** (torch.arange(0, rot, 2, device=DEV).float() / rot))
+    f = torch.outer(torch.arange(max_pos, device=DEV).float(), inv)
     return torch.cat([f.cos(), f.sin()], -1)
 
 
+def _ints(high, *shape):
+    return torch.randint(0, high, shape, device=DEV)
+
+
 def _int32(*rows):
-    return torch.tensor(rows, dtype=torch.int32)
+    return torch.tensor(rows, dtype=torch.int32, device=DEV)
 
 
 # op -> () -> (positional args, keyword args): small valid inputs, fresh each call
@@ -55,21 +60,21 @@ CASES = {
     "swiglu_oai": lambda: ((_r(3, 64),), {}),
     "softmax": lambda: ((_r(3, 70),), {"temperature": 0.7}),
     "log_softmax": lambda: ((_r(3, 70),), {}),
-    "cross_entropy": lambda: ((_r(4, 50), torch.randint(0, 50, (4,))), {"reduction": "none"}),
-    "linear_cross_entropy": lambda: ((_r(4, 16), _r(50, 16), torch.randint(0, 50, (4,))), {"reduction": "none"}),
-    "embedding": lambda: ((torch.randint(0, 20, (3, 4)), _r(20, 16)), {}),
-    "rotary_embedding": lambda: ((torch.randint(0, 32, (T,)), _r(T, 4, D), _r(T, 2, D), _cache(32, D)), {}),
+    "cross_entropy": lambda: ((_r(4, 50), _ints(50, 4)), {"reduction": "none"}),
+    "linear_cross_entropy": lambda: ((_r(4, 16), _r(50, 16), _ints(50, 4)), {"reduction": "none"}),
+    "embedding": lambda: ((_ints(20, 3, 4), _r(20, 16)), {}),
+    "rotary_embedding": lambda: ((_ints(32, T), _r(T, 4, D), _r(T, 2, D), _cache(32, D)), {}),
     "apply_rotary": lambda: ((_r(1, 4, T, D), _r(1, 2, T, D), *_hf_tables()), {}),
-    "mrope": lambda: ((torch.randint(0, 32, (3, T)), _r(T, 4, D), _r(T, 2, D), _cache(32, D), [2, 3, 3]), {}),
-    "qk_norm_rope": lambda: ((_r(T, 4, D), _r(T, 2, D), _r(D), _r(D), _cache(32, D), torch.randint(0, 32, (T,))), {}),
+    "mrope": lambda: ((_ints(32, 3, T), _r(T, 4, D), _r(T, 2, D), _cache(32, D), [2, 3, 3]), {}),
+    "qk_norm_rope": lambda: ((_r(T, 4, D), _r(T, 2, D), _r(D), _r(D), _cache(32, D), _ints(32, T)), {}),
     "flash_attention": lambda: ((_r(1, 6, 4, D), _r(1, 6, 2, D), _r(1, 6, 2, D)), {"causal": True}),
     "flash_attention_varlen": lambda: ((_r(7, 4, D), _r(7, 2, D), _r(7, 2, D), _int32(0, 3, 7), _int32(0, 3, 7), 4, 4),
                                        {"causal": True}),
     "merge_attn_states": lambda: ((_r(T, 4, D), _r(T, 4), _r(T, 4, D), _r(T, 4)), {}),
     "paged_attention": lambda: ((_r(3, 4, D), _r(6, 16, 2, D), _r(6, 16, 2, D), _int32([0, 1], [2, 3], [4, 5]),
                                  _int32(5, 20, 32)), {}),
-    "reshape_and_cache": lambda: ((_r(T, 2, D), _r(T, 2, D), torch.zeros(4, 16, 2, D), torch.zeros(4, 16, 2, D),
-                                   torch.tensor([0, 3, 17, 40, 63])), {}),
+    "reshape_and_cache": lambda: ((_r(T, 2, D), _r(T, 2, D), _r(4, 16, 2, D), _r(4, 16, 2, D),
+                                   torch.tensor([0, 3, 17, 40, 63], device=DEV)), {}),
     "mla_decode": lambda: ((_r(2, 4, 32), _r(2, 4, 16), _r(4, 16, 48), _int32([0, 1], [2, 3]), _int32(7, 30)),
                            {"scale": 0.1, "kv_lora_rank": 32, "rope_dim": 16}),
 }
@@ -82,7 +87,7 @@ def _hf_tables():
 
 
 def _strided(t):  # the same values at every other element of a wider buffer
-    wide = torch.empty(*t.shape[:-1], 2 * t.shape[-1] + 1, dtype=t.dtype)[..., 1::2]
+    wide = torch.empty(*t.shape[:-1], 2 * t.shape[-1] + 1, dtype=t.dtype, device=t.device)[..., 1::2]
     wide.copy_(t)
     return wide
 
@@ -134,7 +139,8 @@ def _layout_cases():
             for name, fn in LAYOUTS.items():
                 if fn(args[slot]) is not None:
                     for impl in impls(op):
-                        yield pytest.param(op, slot, name, str(impl.backend), id=f"{op}-arg{slot}-{name}-{impl.backend}")
+                        b = str(impl.backend)
+                        yield pytest.param(op, slot, name, b, id=f"{op}-arg{slot}-{name}-{b}")
 
 
 @pytest.mark.parametrize("op,slot,layout,backend", list(_layout_cases()))
