@@ -210,7 +210,6 @@ ks_status_t ks_check_no_overlap(const ks_view *v);
 /* pointer for a CUDA plan/launch: NULL when absent; in a dry run without data, a dummy 16-byte
  * aligned non-NULL address (plans only look at alignment and NULL-ness, never dereference) */
 void *ks_dev_ptr(const ks_call *c, const ks_view *v);
-int ks_views_alias(const ks_view *a, const ks_view *b); /* both present, non-empty, same data pointer */
 /* Whether two views may share a byte: 0 when their byte ranges ([data + lowest offset, data +
  * highest offset + elem_size)) are disjoint, or when they interleave without meeting (slices of one
  * buffer: for a period some dim steps by, each view stays in its own residue interval modulo it);

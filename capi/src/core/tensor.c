@@ -310,10 +310,6 @@ void *ks_dev_ptr(const ks_call *c, const ks_view *v) {
   return v->data;
 }
 
-int ks_views_alias(const ks_view *a, const ks_view *b) {
-  return a->present && b->present && a->data != NULL && a->data == b->data && a->numel > 0 && b->numel > 0;
-}
-
 /* ---- overlap between two views (outputs against the inputs they must not share memory with) */
 
 /* bytes a non-empty view can touch, relative to its data pointer: [*lo, *hi). Only dims of more

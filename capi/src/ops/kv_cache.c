@@ -268,9 +268,8 @@ static ks_status_t check_caches_apart(ks_call *c, DLTensor *const *k_caches, DLT
       if (s == KS_OK) s = layer_views(c, k_caches, v_caches, (int32_t)(b / 2), NULL, &v[2], &v[3], names[2], names[3]);
       if (s != KS_OK) break;
       const ks_view *va = &v[a % 2], *vb = &v[2 + b % 2];
-      if (!ks_views_same(va, vb))
-        s = ks_check_disjoint(vb, va, "caches may share memory only as the same tensor (same data, dtype, shape and "
-                              "strides)");
+      s = ks_check_same_or_disjoint(vb, va, "caches may share memory only as the same tensor (same data, dtype, "
+                                    "shape and strides)");
     }
   }
   free(r);
