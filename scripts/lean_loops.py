@@ -306,10 +306,10 @@ def gpu() -> int:
         print(f"check EPT {ept}: worst rel err {check(dev, [(37, 128256), (64, 5000), (16, 262144), (9, 16384)], 16384, ept):.2e}")
     print(f"check softmax: worst rel err {check_softmax(dev, [(37, 131072), (64, 5000), (9, 16384)], 16384, 8):.2e}")
     from kernelset.ops.softmax.launch import softmax_fwd
-    for m, n in ((4096, 131072), (8192, 65536), (16384, 32768)):
+    for m, n in ((4096, 131072), (2048, 262144), (8192, 65536), (16384, 32768)):
         x = torch.randn(m, n, device=dev, dtype=torch.bfloat16) * 3
         sv = {"shipped softmax": lambda: softmax_fwd(x, 1.0, False, x.dtype)}
-        for ept, warps, pps in ((8, 32, 4), (16, 32, 4), (8, 16, 4), (8, 16, 2), (8, 32, 1)):
+        for ept, warps, pps in ((8, 32, 4), (16, 32, 4), (8, 32, 2), (8, 16, 2), (8, 32, 1)):
             sv[f"lean softmax ept{ept} w{warps} pps{pps}"] = (
                 lambda e=ept, w=warps, p=pps: launch_softmax_lean(x, ept=e, warps=w, programs_per_sm=p))
         rs = {k: [] for k in sv}
@@ -336,7 +336,7 @@ def gpu() -> int:
         ce_rows(logits, target, loss, lse, dx, scale, -100, 0.0, 0.0, None, True)
     variants = {"shipped": shipped}
     for ept in (8, 16):
-        for warps, pps in ((32, 4), (16, 4), (16, 2), (8, 4)):
+        for warps, pps in ((32, 4), (32, 2), (16, 2)):
             variants[f"lean ept{ept} w{warps} pps{pps}"] = (
                 lambda e=ept, w=warps, p=pps: launch_lean(logits, target, scale, ept=e, warps=w, programs_per_sm=p))
     for opts in ((0.1, 1e-4, None), (0.0, 0.0, 30.0)):

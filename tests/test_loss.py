@@ -186,7 +186,7 @@ out = []
 sig = dict(X="*bf16", T="*i64", LOSS="*fp32", LSE="*fp32", DX="*bf16", SCALE="*fp32", M="i32", V="i32",
            stride_x="i32", stride_dx="i32", ignore_index="i32", smoothing="fp32", z_loss="fp32", softcap="fp32")
 for softcap, smooth in ((False, False), (True, True)):
-    consts = dict(SOFTCAP=softcap, SMOOTH=smooth, HAS_GRAD=True, BLOCK=16384, STREAM_STORE=softcap)
+    consts = dict(SOFTCAP=softcap, SMOOTH=smooth, HAS_GRAD=True, BLOCK=16384, STREAM_STORE=softcap, EPT=8)
     attrs = {(k,): [["tt.divisibility", 16]] for k, (n, ty) in enumerate(sig.items()) if ty.startswith("*")
              or n in ("V", "stride_x", "stride_dx")}
     src = ASTSource(K._ce_fwd_kernel, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,

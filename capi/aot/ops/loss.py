@@ -86,7 +86,7 @@ CE_FWD = Op(
     s = ks_k_ce_fwd_kernel(plan, err, errlen, p.grid, 1, 1, p.num_warps, -1, 1,
         X, x_dtype, TGT, t_dtype, rows, KS_DT_F32, lse, KS_DT_F32, NULL, x_dtype, NULL, KS_DT_F32,
         M, V, stride_x, V, ignore_index, smoothing, z_loss, softcap,
-        softcap != 0.0, smoothing > 0.0, 0, p.block, KS_CE_STREAM_STORE);
+        softcap != 0.0, smoothing > 0.0, 0, p.block, KS_CE_STREAM_STORE, p.ept);
   if (s != KS_OK || !reduction) return s;
   return ks_k_ce_reduce_kernel(plan, err, errlen, 1, 1, 1, KS_CE_REDUCE_WARPS, -1, 1,
       rows, KS_DT_F32, TGT, t_dtype, LOSS, KS_DT_F32, M, ignore_index, reduction == 1, KS_CE_REDUCE_BLOCK);

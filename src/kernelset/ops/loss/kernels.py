@@ -39,11 +39,44 @@ def _softcapped(x, softcap, SOFTCAP: tl.constexpr):
 
 
 @triton.jit
+def _ce_grad(x, lse2, coef, sm, tfix, softcap, SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr, TARGET: tl.constexpr):
+    # d loss / d logit, already scaled: softmax * coef - smoothing / V (sm) - the target's share
+    # (tfix, TARGET only), times softcap's derivative
+    z = _softcapped(x, softcap, SOFTCAP)
+    g = tl.exp2(z * _LOG2E - lse2) * coef
+    if SMOOTH:
+        g = g - sm
+    if TARGET:
+        g = g - tfix
+    if SOFTCAP:
+        zc = z * (1.0 / softcap)
+        g = g * (1.0 - zc * zc)
+    return g
+
+
+@triton.jit
+def _ce_online(m, s, zs, z, zin, SMOOTH: tl.constexpr):
+    # one chunk z [LANES, EPT] into the per-lane online (max, sum of exp, sum of z over zin:
+    # the chunk's logits, not the tail's padding)
+    m_new = tl.maximum(m, tl.max(z, axis=1))
+    m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # lanes of -inf logits only
+    s = s * tl.exp2((m - m_safe) * _LOG2E) + tl.sum(tl.exp2(z * _LOG2E - (m_safe * _LOG2E)[:, None]), axis=1)
+    if SMOOTH:
+        zs += tl.sum(tl.where(zin, z, 0.0), axis=1)
+    return m_new, s, zs
+
+
+@triton.jit
 def _ce_fwd_kernel(X, T, LOSS, LSE, DX, SCALE, M, V, stride_x, stride_dx, ignore_index, smoothing, z_loss, softcap,
                    SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr, HAS_GRAD: tl.constexpr, BLOCK: tl.constexpr,
-                   STREAM_STORE: tl.constexpr):
+                   STREAM_STORE: tl.constexpr, EPT: tl.constexpr):
+    # the chunk as [LANES, EPT]: EPT consecutive logits per lane, reduced inside the thread; the
+    # lanes merge once per row
+    LANES: tl.constexpr = BLOCK // EPT
+    offs2 = tl.arange(0, LANES)[:, None] * EPT + tl.arange(0, EPT)[None, :]
     cols0 = tl.arange(0, BLOCK)
-    n_chunks = tl.cdiv(V, BLOCK)
+    n_full = V // BLOCK
+    tail = n_full * BLOCK
     for row in range(tl.program_id(0), M, tl.num_programs(0)):
         x_row = X + tl.cast(row, tl.int64) * stride_x
         t = tl.load(T + row).to(tl.int64)
@@ -51,55 +84,64 @@ def _ce_fwd_kernel(X, T, LOSS, LSE, DX, SCALE, M, V, stride_x, stride_dx, ignore
         # the target logit: one scalar load, never outside the row (masked when out of range),
         # read before pass 2 may overwrite the row (DX may alias X: linear_cross_entropy)
         xt = tl.load(x_row + tl.where(valid, t, 0)).to(tl.float32)
-        m = -float("inf")
-        s = 0.0
-        zsum = 0.0
-        # software pipelining by hand: the next chunk's load is in flight while this one reduces
-        x_next = tl.load(x_row + cols0, mask=cols0 < V, other=0.0, eviction_policy="evict_last")
-        for start in range(0, V, BLOCK):
-            cols = start + cols0
-            cm = cols < V
-            x = x_next.to(tl.float32)
-            x_next = tl.load(x_row + cols + BLOCK, mask=cols + BLOCK < V, other=0.0, eviction_policy="evict_last")
-            z = tl.where(cm, _softcapped(x, softcap, SOFTCAP), -float("inf"))
-            m_new = tl.maximum(m, tl.max(z, axis=0))
-            m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # a row of -inf logits
-            s = s * tl.exp2((m - m_safe) * _LOG2E) + tl.sum(tl.exp2((z - m_safe) * _LOG2E), axis=0)
-            m = m_new
-            if SMOOTH:
-                zsum += tl.sum(tl.where(cm, z, 0.0), axis=0)
-        lse = m + tl.log2(s) * _LN2
+        m = tl.full([LANES], -float("inf"), tl.float32)
+        s = tl.zeros([LANES], tl.float32)
+        zs = tl.zeros([LANES], tl.float32)
+        # pass 1, software-pipelined by hand: the next chunk's load is in flight while this one
+        # reduces; full chunks need no mask in the math, only the tail chunk does
+        x_next = tl.load(x_row + offs2, mask=offs2 < V, other=0.0, eviction_policy="evict_last")
+        for c in range(0, n_full):
+            z = _softcapped(x_next.to(tl.float32), softcap, SOFTCAP)
+            nxt = (c + 1) * BLOCK + offs2
+            x_next = tl.load(x_row + nxt, mask=nxt < V, other=0.0, eviction_policy="evict_last")
+            m, s, zs = _ce_online(m, s, zs, z, True, SMOOTH)
+        if tail < V:  # x_next holds the tail chunk
+            cm = tail + offs2 < V
+            z = tl.where(cm, _softcapped(x_next.to(tl.float32), softcap, SOFTCAP), -float("inf"))
+            m, s, zs = _ce_online(m, s, zs, z, cm, SMOOTH)
+        mx = tl.max(m, axis=0)
+        mx_safe = tl.where(mx == -float("inf"), 0.0, mx)  # a row of -inf logits
+        lse = mx_safe + tl.log2(tl.sum(s * tl.exp2((m - mx_safe) * _LOG2E), axis=0)) * _LN2
         zt = _softcapped(xt, softcap, SOFTCAP)
         loss = (1.0 - smoothing) * (lse - zt) + z_loss * lse * lse
         if SMOOTH:
-            loss += smoothing * (lse - zsum / V)
+            loss += smoothing * (lse - tl.sum(zs, axis=0) / V)
         bad = (t != ignore_index) & ((t < 0) | (t >= V))
         loss = tl.where(valid, loss, tl.where(bad, float("nan"), 0.0))  # an out-of-range target poisons the loss
         tl.store(LOSS + row, loss)
         tl.store(LSE + row, lse)
         if HAS_GRAD:
+            # pass 2, in reverse chunk order (the row's last chunks are the likeliest still in
+            # L2): softmax * coef everywhere, unmasked but for the tail; the target's share is
+            # taken off once per row, after a barrier orders it behind the chunk store of the
+            # same element
             g_scale = tl.where(valid, tl.load(SCALE), 0.0)
             coef = (1.0 + 2.0 * z_loss * lse) * g_scale
             lse2 = lse * _LOG2E
+            sm = (smoothing / V) * g_scale
             dx_row = DX + tl.cast(row, tl.int64) * stride_dx
-            last = (n_chunks - 1) * BLOCK + cols0
-            x_next = tl.load(x_row + last, mask=last < V, other=0.0, eviction_policy="evict_first")
-            for i in range(0, n_chunks):
-                cols = (n_chunks - 1 - i) * BLOCK + cols0
-                cm = cols < V
+            tm = tail + cols0 < V
+            x_tail = tl.load(x_row + tail + cols0, mask=tm, other=0.0, eviction_policy="evict_first")
+            x_next = tl.load(x_row + (n_full - 1) * BLOCK + cols0, mask=(n_full - 1) * BLOCK + cols0 >= 0, other=0.0,
+                             eviction_policy="evict_first")
+            g = _ce_grad(x_tail.to(tl.float32), lse2, coef, sm, 0.0, softcap, SOFTCAP, SMOOTH, False)
+            if STREAM_STORE:  # keep the gradient from evicting the logits pass 2 still reads
+                tl.store(dx_row + tail + cols0, g.to(DX.dtype.element_ty), mask=tm, cache_modifier=".cs")
+            else:
+                tl.store(dx_row + tail + cols0, g.to(DX.dtype.element_ty), mask=tm)
+            for i in range(0, n_full):
+                c = n_full - 1 - i
                 x = x_next.to(tl.float32)
-                x_next = tl.load(x_row + cols - BLOCK, mask=(cols >= BLOCK) & (cols - BLOCK < V), other=0.0,
+                x_next = tl.load(x_row + (c - 1) * BLOCK + cols0, mask=(c - 1) * BLOCK + cols0 >= 0, other=0.0,
                                  eviction_policy="evict_first")
-                z = _softcapped(x, softcap, SOFTCAP)
-                g = tl.exp2(z * _LOG2E - lse2) * coef - (smoothing / V) * g_scale
-                g = tl.where(cols == t, g - (1.0 - smoothing) * g_scale, g)
-                if SOFTCAP:
-                    zc = z * (1.0 / softcap)
-                    g = g * (1.0 - zc * zc)
-                if STREAM_STORE:  # keep the gradient from evicting the logits pass 2 still reads
-                    tl.store(dx_row + cols, g.to(DX.dtype.element_ty), mask=cm, cache_modifier=".cs")
+                g = _ce_grad(x, lse2, coef, sm, 0.0, softcap, SOFTCAP, SMOOTH, False)
+                if STREAM_STORE:
+                    tl.store(dx_row + c * BLOCK + cols0, g.to(DX.dtype.element_ty), cache_modifier=".cs")
                 else:
-                    tl.store(dx_row + cols, g.to(DX.dtype.element_ty), mask=cm)
+                    tl.store(dx_row + c * BLOCK + cols0, g.to(DX.dtype.element_ty))
+            tl.debug_barrier()
+            gt = _ce_grad(xt, lse2, coef, sm, (1.0 - smoothing) * g_scale, softcap, SOFTCAP, SMOOTH, True)
+            tl.store(dx_row + tl.where(valid, t, 0), gt.to(DX.dtype.element_ty), mask=valid)
 
 
 @triton.jit

@@ -28,6 +28,11 @@ class CETuning:
     programs_per_sm: int = 4  # persistent grid with a gradient: rows in flight per SM
     block_fwd: int = 16384  # forward only (no gradient): one program per row
     num_warps_fwd: int = 8
+    # logits per lane of the loop's [block / ept, ept] view: each lane keeps its own online max
+    # and sum, merged once per row. H200, 8192x128256 with a gradient (scripts/lean_loops.py,
+    # 2026-11-27 s18): 77.9% of copy (8 and 16 alike) against 62.7% for the scalar form, which
+    # reduced every chunk across the program twice
+    ept: int = 8
     stream_store: bool = True  # gradient stores marked streaming (.cs): 59.5% vs 58.9% on H100
     scale_block: int = 4096
     reduce_block: int = 1024  # rows per step of the mean/sum reduction (one program)
@@ -51,6 +56,7 @@ class CELaunch:
     block: int  # vocabulary chunk per loop step
     num_warps: int
     grid: int
+    ept: int  # logits per lane
 
 
 def ce_fwd_policy(m: int, v: int, sms: int, need_grad: bool, t: CETuning) -> CELaunch:
@@ -58,7 +64,7 @@ def ce_fwd_policy(m: int, v: int, sms: int, need_grad: bool, t: CETuning) -> CEL
     finds them in L2; without, one row per program."""
     block = min(t.block if need_grad else t.block_fwd, 1 << max(0, (v - 1).bit_length()))
     warps = min(t.num_warps if need_grad else t.num_warps_fwd, max(1, block // 256))
-    return CELaunch(block, warps, min(m, t.programs_per_sm * sms) if need_grad else m)
+    return CELaunch(block, warps, min(m, t.programs_per_sm * sms) if need_grad else m, min(t.ept, block))
 
 
 def ce_split_policy(v: int, sms: int, need_grad: bool, t: CETuning) -> SplitLaunch:
@@ -90,7 +96,7 @@ def ce_rows(logits, target, loss, lse, dx, scale, ignore_index, smoothing, z_los
     p = ce_fwd_policy(m, v, sms if need_grad else 0, need_grad, t)  # sms: grad only
     _fwd((p.grid,), logits, target, loss, lse, dx, scale, m, v, sx, sdx, ignore_index, smoothing, z_loss,
          softcap or 0.0, SOFTCAP=bool(softcap), SMOOTH=smoothing > 0.0, HAS_GRAD=need_grad, BLOCK=p.block,
-         STREAM_STORE=t.stream_store, num_warps=p.num_warps)
+         STREAM_STORE=t.stream_store, EPT=p.ept, num_warps=p.num_warps)
 
 
 def _scale_tensor(target: torch.Tensor, ignore_index: int, reduction: str, need_grad: bool) -> torch.Tensor | None:
