@@ -240,3 +240,19 @@ def _ce_reduce_kernel(LOSS, T, OUT, M, ignore_index, MEAN: tl.constexpr, BLOCK: 
     if MEAN:
         total = total / tl.maximum(tl.sum(cnt, axis=0), 1).to(tl.float32)
     tl.store(OUT, total)
+
+
+@triton.jit
+def _ce_grad_scale_kernel(T, OUT, M, ignore_index, MEAN: tl.constexpr, BLOCK: tl.constexpr):
+    # one program: OUT = 1 / max(1, rows whose target is not ignore_index) for a mean, else 1;
+    # the gradient's scale in one launch, on the device (no host sync)
+    scale = 1.0
+    if MEAN:
+        offs = tl.arange(0, BLOCK)
+        cnt = tl.zeros([BLOCK], tl.int32)
+        for start in range(0, M, BLOCK):
+            r = start + offs
+            t = tl.load(T + r, mask=r < M, other=ignore_index)
+            cnt += tl.where(t != ignore_index, 1, 0)
+        scale = tl.math.div_rn(1.0, tl.maximum(tl.sum(cnt, axis=0), 1).to(tl.float32))
+    tl.store(OUT, scale)

@@ -11,12 +11,13 @@ from ...core.checks import row_stride
 from ...core.tuning import SplitLaunch, TuningStack, hash_once
 from ..rowsync import launches
 from ..triton_launch import FastKernel
-from .kernels import _ce_fwd_kernel, _ce_fwd_split_kernel, _ce_reduce_kernel, _ce_scale_kernel
+from .kernels import _ce_fwd_kernel, _ce_fwd_split_kernel, _ce_grad_scale_kernel, _ce_reduce_kernel, _ce_scale_kernel
 
 _fwd = FastKernel(_ce_fwd_kernel)
 _fwd_split = FastKernel(_ce_fwd_split_kernel)
 _scale = FastKernel(_ce_scale_kernel)
 _reduce = FastKernel(_ce_reduce_kernel)
+_grad_scale = FastKernel(_ce_grad_scale_kernel)
 
 
 @hash_once
@@ -99,14 +100,19 @@ def ce_rows(logits, target, loss, lse, dx, scale, ignore_index, smoothing, z_los
          STREAM_STORE=t.stream_store, EPT=p.ept, num_warps=p.num_warps)
 
 
+def grad_scale(target: torch.Tensor, ignore_index: int, reduction: str) -> torch.Tensor:
+    """The gradient's 0-d fp32 scale, on the device in one launch (no host sync):
+    1 / max(1, rows not ignored) for mean, 1 for sum/none."""
+    out = empty((), torch.float32, target.device)
+    t = active()
+    _grad_scale((1,), target, out, target.shape[0], ignore_index, MEAN=reduction == "mean", BLOCK=t.reduce_block,
+                num_warps=t.reduce_warps)
+    return out
+
+
 def _scale_tensor(target: torch.Tensor, ignore_index: int, reduction: str, need_grad: bool) -> torch.Tensor | None:
-    """The gradient's scale, on the device (no host sync): 1 / max(1, rows not ignored) for mean,
-    1 for sum/none when a gradient is written, and nothing otherwise."""
-    if not need_grad:
-        return None
-    if reduction == "mean":
-        return 1.0 / (target != ignore_index).sum().clamp(min=1).to(torch.float32)
-    return torch.ones((), dtype=torch.float32, device=target.device)
+    """The gradient's scale when a gradient is written, else nothing."""
+    return grad_scale(target, ignore_index, reduction) if need_grad else None
 
 
 def ce_fwd(logits, target, ignore_index, smoothing, z_loss, softcap, reduction, need_grad):

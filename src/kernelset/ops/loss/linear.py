@@ -121,17 +121,14 @@ def _ce_in_place(logits, target, loss, lse, scale, ignore_index, smoothing, z_lo
 def _t_fwd(hidden, weight, bias, target, ignore_index, smoothing, z_loss, softcap, reduction, need_h, need_w, need_b,
            row_grad=None):
     """Same contract as ``linear_reference.fwd``; the gradients in the model dtype."""
-    from .launch import ce_bwd
+    from .launch import ce_bwd, grad_scale
     t, h = hidden.shape
     v = weight.shape[0]
     dev, dt = hidden.device, hidden.dtype
     need = need_h or need_w or need_b
     loss = empty((t,), torch.float32, dev)
     lse = torch.empty((t,), dtype=torch.float32, device=dev)
-    if reduction == "mean":  # on the device: no host sync
-        scale = 1.0 / (target != ignore_index).sum().clamp(min=1).to(torch.float32)
-    else:
-        scale = torch.ones((), dtype=torch.float32, device=dev)
+    scale = grad_scale(target, ignore_index, reduction)  # on the device: no host sync
     gh = empty((t, h), dt, dev) if need_h else None
     # written by the first chunk's product (beta = 0); zeros only if there is no chunk
     gw = (empty((v, h), weight.dtype, dev) if t else torch.zeros((v, h), dtype=weight.dtype, device=dev)) \
