@@ -20,7 +20,7 @@ def main() -> None:
     dev = torch.device("cuda")
     copy = timing.copy_bandwidth_gbs(dev)
     print(f"{torch.cuda.get_device_name()} copy {copy:.0f} GB/s")
-    grid = list(itertools.product((8192, 16384), (16, 32), (1, 2, 4)))
+    grid = list(itertools.product((8192, 16384, 32768), (16, 32), (2, 4)))
     m, v = 8192, 128256
     if "ce" in which:
         tune_ce(dev, copy, grid, m, v)
@@ -33,9 +33,8 @@ def tune_ce(dev, copy, grid, m, v):
     t = torch.randint(0, v, (m,), device=dev)
     nbytes = 2 * m * v * 2  # read logits, write dlogits
     rows = []
-    for (block, warps, pps), cs in itertools.product(grid, (False, True)):
-        cfg = dataclasses.replace(ce_launch.CETuning(), block=block, num_warps=warps, programs_per_sm=pps,
-                                  stream_store=cs)
+    for (block, warps, pps), ept in itertools.product(grid, (8, 16)):
+        cfg = dataclasses.replace(ce_launch.CETuning(), block=block, num_warps=warps, programs_per_sm=pps, ept=ept)
         with ce_launch.use(cfg):
             fn = lambda: torch.autograd.grad(ks.cross_entropy(x, t), (x,))  # noqa: E731
             try:
@@ -43,13 +42,13 @@ def tune_ce(dev, copy, grid, m, v):
             except Exception as exc:
                 print("ce", block, warps, pps, "failed", type(exc).__name__)
                 continue
-        rows.append((100 * nbytes / ms / 1e6 / copy, block, warps, pps, cs))
-        print(f"ce fwd+bwd 8192x128256 block {block:5d} warps {warps:2d} progs/SM {pps} .cs {cs}: {ms:.3f} ms "
+        rows.append((100 * nbytes / ms / 1e6 / copy, block, warps, pps, ept))
+        print(f"ce fwd+bwd 8192x128256 block {block:5d} warps {warps:2d} progs/SM {pps} ept {ept}: {ms:.3f} ms "
               f"{rows[-1][0]:.1f}%", flush=True)
     print("ce best:", sorted(rows, reverse=True)[:3])
     with torch.no_grad():
-        for block, warps in itertools.product((8192, 16384, 32768), (4, 8)):
-            cfg = dataclasses.replace(ce_launch.CETuning(), block=block, num_warps=warps)
+        for block, warps in itertools.product((8192, 16384, 32768), (4, 8, 16)):
+            cfg = dataclasses.replace(ce_launch.CETuning(), block_fwd=block, num_warps_fwd=warps)
             with ce_launch.use(cfg):
                 ms = timing.cuda_time_ms(lambda: ks.cross_entropy(x, t), warmup=3, reps=20, min_ms=30)
             print(f"ce fwd only block {block:5d} warps {warps:2d}: {ms:.3f} ms {100 * m * v * 2 / ms / 1e6 / copy:.1f}%")
