@@ -458,8 +458,9 @@ def test_translated_policies_equal_python(plans):
         check("ks_pol_softmax", lambda m, n, s: sm.policy(m, n, t.max_block_fwd, s, t), m, n, sms)
         if m == 0:  # (the split policies do not take m)
             check("ks_pol_norm_fwd_split", lambda n, s: norm.fwd_split_policy(n, s, norm.DEFAULT_TUNING), n, sms)
-            check("ks_pol_softmax_split",
-                  lambda n, s: sm.split_policy(n, t.max_block_fwd, t.split_chunk_fwd, t.split_min_fwd, s, t), n, sms)
+            for esize in (2, 4):
+                check("ks_pol_softmax_split", lambda n, e, s: sm.split_policy(
+                    n, t.max_block_fwd, t.split_chunk_fwd, t.split_min_fwd, t.looped_only_fwd, e, s, t), n, esize, sms)
         if m:
             check("ks_pol_ce_fwd", lambda m, v, s: loss.ce_fwd_policy(m, v, s, False, loss.CETuning()), m, max(n, 1),
                   sms)

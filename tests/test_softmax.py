@@ -31,6 +31,7 @@ CASES = [
     ("dim0", (40, 7), "plain", 0, "reduce a non-last dim (through a view)"),
     ("looped", (3, 1000), "looped", -1, "online max/sum kernels, forced on a short row"),
     ("looped-odd", (2, 777), "looped", -1, "looped with a ragged last chunk"),
+    ("looped-masked", (4, 700), "looped-masked", -1, "looped with -inf chunks and lanes: a lane max of -inf merges to 0"),
     ("split", (3, 1000), "split", -1, "split kernels (a row over 8 programs), forced on a short row"),
     ("split-odd", (2, 777), "split", -1, "split with a ragged last chunk"),
     ("split-strided", (3, 600), "split-slice", -1, "split over rows of a wider tensor"),
@@ -48,16 +49,18 @@ def _x(shape, how, dtype, device):
         x = x * 1000.0
     if how == "masked":
         x[..., ::3] = float("-inf")
-    if how == "split-masked":  # whole 128-wide chunks of -inf, and scattered ones
+    if how in ("split-masked", "looped-masked"):  # whole 128-wide chunks of -inf, and scattered ones
         x[..., 128:384] = float("-inf")
         x[..., ::5] = float("-inf")
+    if how == "looped-masked":  # lanes (8 values) of -inf from the first chunk on
+        x[..., :16] = float("-inf")
     return x.to(dtype)
 
 
 def _use(how):
     if how.startswith("split"):
         return launch.use(SPLIT)
-    return launch.use(SMALL) if how == "looped" else launch.use(launch.active())
+    return launch.use(SMALL) if how.startswith("looped") else launch.use(launch.active())
 
 
 def _backends():
@@ -156,6 +159,8 @@ for n, max_block in ((8192, t.max_block_fwd), (131072, t.max_block_fwd), (8192, 
                    stride_dx="i32", inv_t="fp32")
     for log in (False, True):
         consts = dict(LOG=log, BLOCK_N=p.block_n) if p.looped else dict(LOG=log, ROWS=p.rows, BLOCK_N=p.block_n)
+        if p.looped and fwd:
+            consts["EPT"] = p.ept
         attrs = {(k,): [["tt.divisibility", 16]] for k, (name, ty) in enumerate(sig.items())
                  if ty.startswith("*") or name == "N" or name.startswith("stride")}
         src = ASTSource(fn, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts, attrs=attrs)
@@ -167,7 +172,7 @@ from kernelset.ops.softmax.launch import split_policy
 
 for n, max_block, fwd in ((131072, t.max_block_fwd, True), (131072, t.max_block_bwd, False)):
     sp = split_policy(n, max_block, t.split_chunk_fwd if fwd else t.split_chunk_bwd,
-                      t.split_min_fwd if fwd else t.split_min_bwd, 132, t)
+                      t.split_min_fwd if fwd else t.split_min_bwd, 0, 2, 132, t)  # (fp32 rows take it at 131072)
     fn = K._softmax_fwd_split_kernel if fwd else K._softmax_bwd_split_kernel
     sig = (dict(X="*bf16", Y="*bf16", PART="*fp32", SYNC="*i32", M="i32", N="i32", split="i32", stride_x="i32",
                 stride_y="i32", inv_t="fp32") if fwd else
@@ -223,3 +228,25 @@ def test_split_runs_and_has_one_launch_form(log, device, monkeypatch):
     assert len(grids) >= 4 and set(grids) == {(5 * 8,)}, grids
     for a, b in zip(one, two):
         assert torch.equal(a, b)
+
+
+def test_looped_forward_takes_131072_wide_two_byte_rows():
+    """The forward's kernel choice past the block kernels: split everywhere but rows whose next
+    power of two is looped_only_fwd with 2-byte elements (measured there: the looped kernel
+    wins; docs/benchmarks/2026-11-27-s18); the backward never takes that exception."""
+    t = launch.SoftmaxTuning()
+
+    def split(n, esize, fwd=True):
+        if fwd:
+            return launch.split_policy(n, t.max_block_fwd, t.split_chunk_fwd, t.split_min_fwd, t.looped_only_fwd,
+                                       esize, 132, t).split
+        return launch.split_policy(n, t.max_block_bwd, t.split_chunk_bwd, t.split_min_bwd, 0, esize, 132, t).split
+
+    assert t.looped_only_fwd == 131072
+    for n in (65537, 100000, 131072):
+        assert split(n, 2) == 0 and split(n, 4) > 0, n
+        assert split(n, 2, fwd=False) > 0, n
+    for n in (32768, 65536, 131073, 262144):
+        assert split(n, 2) > 0 and split(n, 4) > 0, n
+    p = launch.policy(4096, 131072, t.max_block_fwd, 132, t)
+    assert p.looped and p.ept == t.looped_ept and p.block_n % p.ept == 0

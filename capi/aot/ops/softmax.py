@@ -75,7 +75,8 @@ SOFTMAX_FWD = Op(
               PolicyRef("kernelset.ops.softmax.launch", "split_policy", "ks_pol_softmax_split",
                         lambda mod: {"t": mod.SoftmaxTuning(), "max_block": mod.SoftmaxTuning().max_block_fwd,
                                      "chunk": mod.SoftmaxTuning().split_chunk_fwd,
-                                     "min_block": mod.SoftmaxTuning().split_min_fwd})],
+                                     "min_block": mod.SoftmaxTuning().split_min_fwd,
+                                     "looped_block": mod.SoftmaxTuning().looped_only_fwd})],
     c_params=[("int32_t", "x_dtype"), ("int32_t", "y_dtype"), ("const void *", "X"), ("void *", "Y"),
               ("int64_t", "M"), ("int64_t", "N"), ("int64_t", "stride_x"), ("int64_t", "stride_y"),
               ("double", "inv_t"), ("int", "log")],
@@ -83,7 +84,8 @@ SOFTMAX_FWD = Op(
   /* kernelset.ops.softmax.launch.softmax_fwd (the policies' max_block etc. are the forward's) */
   if (M == 0) return KS_OK;
   ks_pol_softmax_split_t sp;
-  if (ks_pol_softmax_split(N, sms, &sp)) return ks_gen_policy_failed(err, errlen, "split_policy");
+  /* esize: x's element size (fp32 4, fp16/bf16 2) */
+  if (ks_pol_softmax_split(N, x_dtype == KS_DT_F32 ? 4 : 2, sms, &sp)) return ks_gen_policy_failed(err, errlen, "split_policy");
   if (sp.split) {
     /* the split kernel (kernelset/ops/rowsync.py): partials, then the zeroed counters, in the
      * discard buffer, as the launcher's torch.empty ones */
@@ -100,7 +102,7 @@ SOFTMAX_FWD = Op(
   if (ks_pol_softmax(M, N, sms, &p)) return ks_gen_policy_failed(err, errlen, "policy");
   if (p.looped)
     return ks_k_softmax_fwd_looped_kernel(plan, err, errlen, p.grid, 1, 1, p.num_warps, -1, 1,
-        X, x_dtype, Y, y_dtype, M, N, stride_x, stride_y, inv_t, log, p.block_n);
+        X, x_dtype, Y, y_dtype, M, N, stride_x, stride_y, inv_t, log, p.block_n, p.ept);
   return ks_k_softmax_fwd_kernel(plan, err, errlen, p.grid, 1, 1, p.num_warps, -1, 1,
       X, x_dtype, Y, y_dtype, M, N, stride_x, stride_y, inv_t, log, p.rows, p.block_n);
 """,

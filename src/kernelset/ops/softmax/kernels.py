@@ -1,8 +1,8 @@
 """Triton kernels of softmax / log_softmax over the last dim (``LOG`` selects), with 1/T scaling.
 
 Block kernels keep ``ROWS`` whole rows in registers: one read, one write. Looped kernels walk a
-long row in chunks: an online pass for (max, sum of exp) with rescaling, then the output pass in
-reverse chunk order; their grid is persistent (a few programs per SM), so the rows in flight fit
+long row in chunks: an online pass for (max, sum of exp) with rescaling (the forward's per lane of
+EPT consecutive values), then the output pass in reverse chunk order; their grid is persistent (a few programs per SM), so the rows in flight fit
 in L2 and the second pass reads them from there. Split kernels spread one long row over
 ``split`` programs, each holding a chunk in registers, which exchange per-chunk partials through
 ``ops/rowsync.py`` (forward: chunk max and sum of exp; backward: sum of dy * y): one read of the
@@ -36,44 +36,68 @@ def _softmax_fwd_kernel(X, Y, M, N, stride_x, stride_y, inv_t, LOG: tl.constexpr
 
 
 @triton.jit
-def _softmax_fwd_looped_kernel(X, Y, M, N, stride_x, stride_y, inv_t, LOG: tl.constexpr, BLOCK_N: tl.constexpr):
-    # persistent: a few rows in flight per SM, so the output pass re-reads them from L2
+def _softmax_online(m, s, x, inv_t, k2):
+    # one chunk x [LANES, EPT] into the per-lane online (max of z, sum of exp(z - max)), z = x * inv_t
+    # (inv_t > 0: max(x * inv_t) = max(x) * inv_t, and one FMA per element in the exp's argument)
+    m_new = tl.maximum(m, tl.max(x, axis=1) * inv_t)
+    m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # lanes of -inf only
+    s = s * tl.exp2((m - m_safe) * 1.4426950408889634) + tl.sum(
+        tl.exp2(x * k2 - (m_safe * 1.4426950408889634)[:, None]), axis=1)
+    return m_new, s
+
+
+@triton.jit
+def _softmax_fwd_looped_kernel(X, Y, M, N, stride_x, stride_y, inv_t, LOG: tl.constexpr, BLOCK_N: tl.constexpr,
+                               EPT: tl.constexpr):
+    # persistent: a few rows in flight per SM, so the output pass re-reads them from L2. Pass 1
+    # views each chunk as [LANES, EPT]: every lane keeps its own online (max, sum), reduced inside
+    # the thread, and the lanes merge once per row; full chunks take no mask in the math, only
+    # the tail chunk does. The output pass runs in reverse chunk order, unmasked but for the tail.
+    LANES: tl.constexpr = BLOCK_N // EPT
+    offs2 = tl.arange(0, LANES)[:, None] * EPT + tl.arange(0, EPT)[None, :]
     cols0 = tl.arange(0, BLOCK_N)
-    n_chunks = tl.cdiv(N, BLOCK_N)
+    n_full = N // BLOCK_N
+    tail = n_full * BLOCK_N
+    k2 = inv_t * 1.4426950408889634
     for row in range(tl.program_id(0), M, tl.num_programs(0)):
         x_row = X + tl.cast(row, tl.int64) * stride_x
         y_row = Y + tl.cast(row, tl.int64) * stride_y
-        m = -float("inf")
-        s = 0.0
+        m = tl.full([LANES], -float("inf"), tl.float32)
+        s = tl.zeros([LANES], tl.float32)
         # software pipelining by hand: the next chunk's load is in flight while this one reduces
-        z_next = tl.load(x_row + cols0, mask=cols0 < N, other=-float("inf"), eviction_policy="evict_last")
-        for start in range(0, N, BLOCK_N):
-            cols = start + cols0
-            z = z_next.to(tl.float32) * inv_t
-            z_next = tl.load(x_row + cols + BLOCK_N, mask=cols + BLOCK_N < N, other=-float("inf"),
-                             eviction_policy="evict_last")
-            # online softmax on scalars: the chunk's max first, so each element costs one exp
-            m_new = tl.maximum(m, tl.max(z, axis=0))
-            m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-            s = s * tl.exp2((m - m_safe) * 1.4426950408889634) + tl.sum(tl.exp2((z - m_safe) * 1.4426950408889634),
-                                                                         axis=0)
-            m = m_new
-        m = tl.where(m == -float("inf"), 0.0, m)
-        log_s = tl.log2(s) * 0.6931471805599453
-        inv_s = 1.0 / s
-        last = (n_chunks - 1) * BLOCK_N + cols0
-        z_next = tl.load(x_row + last, mask=last < N, other=-float("inf"), eviction_policy="evict_first")
-        for i in range(0, n_chunks):
-            cols = (n_chunks - 1 - i) * BLOCK_N + cols0
-            cm = cols < N
-            z = z_next.to(tl.float32) * inv_t
-            z_next = tl.load(x_row + cols - BLOCK_N, mask=(cols >= BLOCK_N) & (cols - BLOCK_N < N),
-                             other=-float("inf"), eviction_policy="evict_first")
+        x_next = tl.load(x_row + offs2, mask=offs2 < N, other=0.0, eviction_policy="evict_last")
+        for c in range(0, n_full):
+            x = x_next.to(tl.float32)
+            nxt = (c + 1) * BLOCK_N + offs2
+            x_next = tl.load(x_row + nxt, mask=nxt < N, other=0.0, eviction_policy="evict_last")
+            m, s = _softmax_online(m, s, x, inv_t, k2)
+        if tail < N:  # x_next holds the tail chunk
+            m, s = _softmax_online(m, s, tl.where(tail + offs2 < N, x_next.to(tl.float32), -float("inf")), inv_t, k2)
+        mx = tl.max(m, axis=0)
+        mx = tl.where(mx == -float("inf"), 0.0, mx)  # an all -inf row gives NaN below, as torch does
+        total = tl.sum(s * tl.exp2((m - mx) * 1.4426950408889634), axis=0)
+        inv_s = 1.0 / total
+        mx2 = mx * 1.4426950408889634
+        shift = mx + tl.log2(total) * 0.6931471805599453  # log_softmax: z - (max + log(sum))
+        tm = tail + cols0 < N
+        x_tail = tl.load(x_row + tail + cols0, mask=tm, other=0.0, eviction_policy="evict_first")
+        x_next = tl.load(x_row + (n_full - 1) * BLOCK_N + cols0, mask=(n_full - 1) * BLOCK_N + cols0 >= 0, other=0.0,
+                         eviction_policy="evict_first")
+        if LOG:
+            y = x_tail.to(tl.float32) * inv_t - shift
+        else:
+            y = tl.exp2(x_tail.to(tl.float32) * k2 - mx2) * inv_s
+        tl.store(y_row + tail + cols0, y.to(Y.dtype.element_ty), mask=tm, cache_modifier=".cs")
+        for i in range(0, n_full):
+            c = n_full - 1 - i
+            x = x_next.to(tl.float32)
+            x_next = tl.load(x_row + (c - 1) * BLOCK_N + cols0, mask=(c - 1) * BLOCK_N + cols0 >= 0, other=0.0,
+                             eviction_policy="evict_first")
             if LOG:
-                y = z - m - log_s
+                y = x * inv_t - shift
             else:
-                y = tl.exp2((z - m) * 1.4426950408889634) * inv_s
-            tl.store(y_row + cols, y.to(Y.dtype.element_ty), mask=cm)
+                y = tl.exp2(x * k2 - mx2) * inv_s
+            tl.store(y_row + c * BLOCK_N + cols0, y.to(Y.dtype.element_ty), cache_modifier=".cs")
 
 
 @triton.jit

@@ -31,6 +31,13 @@ class SoftmaxTuning:
     looped_block: int = 16384
     looped_warps: int = 32
     looped_programs_per_sm: int = 4  # persistent grid: rows in flight per SM
+    looped_ept: int = 8  # the looped forward's values per lane (kernels.py)
+    # rows whose next power of two is this wide (2-byte inputs) take the looped forward rather
+    # than the split one: 4096x131072 bf16, looped against split, H100 91.3 / 89.6% of copy, H200
+    # 77.3 / 72.4%; the split wins at 65536 (90.7 / 89.1%, H200 74.8 / 72.8%) and at 262144
+    # (87.6 / 75.8%, H200 70.7 / 67.0%), where the rows in flight outgrow L2 (scripts/lean_loops.py,
+    # docs/benchmarks/2026-11-27-s18 runs 2-3); 0 turns it off
+    looped_only_fwd: int = 131072
     # split kernels (rows of split_min_* and wider, next power of two, past max_block_*, in place
     # of the looped ones): one program per chunk of split_chunk_* columns, the row's programs
     # exchange partials (ops/rowsync.py), so the inputs are read once at any width; 0 turns one
@@ -65,15 +72,17 @@ class SoftmaxLaunch:
     rows: int
     num_warps: int
     grid: int
+    ept: int  # the looped forward's values per lane (1 for the block kernels)
 
 
 @functools.lru_cache(maxsize=4096)
-def split_policy(n: int, max_block: int, chunk: int, min_block: int, sms: int, t: SoftmaxTuning) -> SplitLaunch:
-    """The split kernels' launch for rows of n (chunk, min_block: the direction's split_chunk_*,
-    split_min_*); ``split == 0`` where the block or looped kernels run (independent of the row
-    count: batch invariance)."""
+def split_policy(n: int, max_block: int, chunk: int, min_block: int, looped_block: int, esize: int, sms: int,
+                 t: SoftmaxTuning) -> SplitLaunch:
+    """The split kernels' launch for rows of n elements of esize bytes (chunk, min_block: the
+    direction's split_chunk_*, split_min_*; looped_block: its looped_only_* or 0); ``split == 0``
+    where the block or looped kernels run (independent of the row count: batch invariance)."""
     block = 1 << max(0, (n - 1).bit_length())
-    if chunk <= 0 or block <= max_block or block < min_block:
+    if chunk <= 0 or block <= max_block or block < min_block or (block == looped_block and esize <= 2):
         return SplitLaunch(0, 0, 1, 1)
     width = min(chunk, block)
     split = -(-n // width)
@@ -87,10 +96,11 @@ def policy(m: int, n: int, max_block: int, sms: int, t: SoftmaxTuning) -> Softma
     block = 1 << max(0, (n - 1).bit_length())
     if block > max_block:
         grid = min(m, t.looped_programs_per_sm * sms)
-        return SoftmaxLaunch(True, min(t.looped_block, block), 1, t.looped_warps, grid)
+        block_n = min(t.looped_block, block)
+        return SoftmaxLaunch(True, block_n, 1, t.looped_warps, grid, min(t.looped_ept, block_n))
     rows = max(1, min(t.tile // block, 64))  # independent of m: batch-invariant reduction order
     warps = max(1, min(32, rows * block // (32 * t.elems_per_thread)))
-    return SoftmaxLaunch(False, block, rows, 1 << (warps.bit_length() - 1), -(-m // rows))
+    return SoftmaxLaunch(False, block, rows, 1 << (warps.bit_length() - 1), -(-m // rows), 1)
 
 
 def softmax_fwd(x: torch.Tensor, temperature: float, log: bool, out_dtype: torch.dtype) -> torch.Tensor:
@@ -102,7 +112,8 @@ def softmax_fwd(x: torch.Tensor, temperature: float, log: bool, out_dtype: torch
     t = active()
     sms = sm_count(x.device)
     # (rows the block kernel holds skip the split policy: sampling at decode calls this per token)
-    sp = split_policy(n, t.max_block_fwd, t.split_chunk_fwd, t.split_min_fwd, sms, t) if n > t.max_block_fwd else None
+    sp = split_policy(n, t.max_block_fwd, t.split_chunk_fwd, t.split_min_fwd, t.looped_only_fwd, x.element_size(), sms,
+                      t) if n > t.max_block_fwd else None
     if sp is not None and sp.split:
         for phase, sync, part in launches(x.device, m, 2, sp.split_p2):
             _fwd_split((m * sp.split,), x, y, part, sync, m, n, sp.split, row_stride(x), n, 1.0 / temperature, LOG=log,
@@ -112,7 +123,7 @@ def softmax_fwd(x: torch.Tensor, temperature: float, log: bool, out_dtype: torch
     p = policy(m, n, t.max_block_fwd, sms, t)
     args = (x, y, m, n, row_stride(x), n, 1.0 / temperature)
     if p.looped:
-        _fwd_looped((p.grid,), *args, LOG=log, BLOCK_N=p.block_n, num_warps=p.num_warps)
+        _fwd_looped((p.grid,), *args, LOG=log, BLOCK_N=p.block_n, EPT=p.ept, num_warps=p.num_warps)
     else:
         _fwd((p.grid,), *args, LOG=log, ROWS=p.rows, BLOCK_N=p.block_n, num_warps=p.num_warps)
     return y
@@ -126,7 +137,7 @@ def softmax_bwd(dy: torch.Tensor, y: torch.Tensor, temperature: float, log: bool
         return dx
     t = active()
     sms = sm_count(y.device)
-    sp = split_policy(n, t.max_block_bwd, t.split_chunk_bwd, t.split_min_bwd, sms, t)
+    sp = split_policy(n, t.max_block_bwd, t.split_chunk_bwd, t.split_min_bwd, 0, y.element_size(), sms, t)
     if sp.split:
         for phase, sync, part in launches(y.device, m, 1, sp.split_p2):
             _bwd_split((m * sp.split,), dy, y, dx, part, sync, m, n, sp.split, row_stride(dy), row_stride(y), n,
