@@ -2,6 +2,8 @@
 through the public API with the backend forced; rounding equal to transformers' module code."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -210,3 +212,20 @@ def test_kernels_compile_for_sm90():
     """The interpreter misses what only the real compiler rejects: compile every activation x
     layout for sm_90 (in a child process without TRITON_INTERPRET), no spills, vector loads."""
     compile_report(_AOT_SCRIPT, 22)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_gelu_negative_tail_keeps_its_digits(backend, device):
+    """gelu(x) = x Phi(x) down to x = -12 within fp32 accuracy, forward and gradient: Phi as
+    erfc(-x / sqrt 2) / 2, where (1 + erf(x / sqrt 2)) / 2 cancels to 0 below x ~ -5.5."""
+    x = torch.linspace(-12.0, -3.0, 1001, dtype=torch.float32, device=device).requires_grad_()
+    y = ks.gelu(x, backend=backend)
+    (dx,) = torch.autograd.grad(y.sum(), (x,))
+    xd = x.detach().double()
+    cdf = 0.5 * torch.special.erfc(-xd / math.sqrt(2.0))
+    want_y = xd * cdf
+    want_dx = cdf + xd * torch.exp(-0.5 * xd * xd) / math.sqrt(2.0 * math.pi)
+    assert (want_y != 0).all()
+    for got, want in ((y, want_y), (dx, want_dx)):
+        rel = ((got.detach().double() - want).abs() / want.abs()).max().item()
+        assert rel < 1e-3, rel

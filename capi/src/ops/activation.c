@@ -24,7 +24,8 @@ static float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
 static float act_of(float g, int act) {
   switch (act) {
     case KS_ACT_SILU: return g * sigmoid(g);
-    case KS_ACT_GELU: return 0.5f * g * (1.0f + erff(g / 1.41421356237309515f));
+    /* Phi(g) = erfc(-g / sqrt 2) / 2, the Python reference's form: no cancellation for g < -4 */
+    case KS_ACT_GELU: return 0.5f * g * erfcf(g * -0.707106781186547524f);
     default: { /* KS_ACT_GELU_TANH */
       const float inner = 0.797884560802865406f * (g + 0.044715f * (g * g * g));
       return 0.5f * g * (1.0f + tanhf(inner));

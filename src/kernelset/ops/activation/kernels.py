@@ -14,11 +14,34 @@ import triton.language as tl
 
 
 @triton.jit
+def _erfc(z):
+    # erfc in the Numerical Recipes form, t = 1 / (1 + |z| / 2), erfc(|z|) = t exp(poly(t) - z^2)
+    # (relative error < 1.2e-7 in exact arithmetic, ~1e-5 in fp32 at |z| ~ 6), erfc(-z) = 2 - erfc(z).
+    # GELU's Phi(x) = erfc(-x / sqrt 2) / 2 has no cancellation in the negative tail, where
+    # (1 + erf(x / sqrt 2)) / 2 loses every digit (x < -5.5 gives 0); and one reciprocal, one exp
+    # and nine FMAs are fewer instructions than libdevice's erff: on the H200 the erf form held
+    # gelu_and_mul at 83-91% of copy (scripts/act_tune.py, docs/benchmarks/2026-11-27-s18)
+    a = tl.abs(z)
+    t = 1.0 / (1.0 + 0.5 * a)
+    p = 0.17087277 * t - 0.82215223
+    p = p * t + 1.48851587
+    p = p * t - 1.13520398
+    p = p * t + 0.27886807
+    p = p * t - 0.18628806
+    p = p * t + 0.09678418
+    p = p * t + 0.37409196
+    p = p * t + 1.00002368
+    p = p * t - 1.26551223
+    r = t * tl.exp(p - a * a)
+    return tl.where(z >= 0, r, 2.0 - r)
+
+
+@triton.jit
 def _act(g, ACT: tl.constexpr):
     if ACT == 0:
         return g * tl.sigmoid(g)
     elif ACT == 1:
-        return 0.5 * g * (1.0 + tl.math.erf(g * 0.7071067811865476))
+        return 0.5 * g * _erfc(g * -0.7071067811865476)
     else:
         # tanh(z) = 2 * sigmoid(2z) - 1: no libdevice dependency, same result to fp32 rounding
         z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
@@ -31,7 +54,7 @@ def _act_and_grad(g, ACT: tl.constexpr):
         s = tl.sigmoid(g)
         return g * s, s * (1.0 + g * (1.0 - s))
     elif ACT == 1:
-        cdf = 0.5 * (1.0 + tl.math.erf(g * 0.7071067811865476))
+        cdf = 0.5 * _erfc(g * -0.7071067811865476)
         return g * cdf, cdf + g * tl.exp(-0.5 * g * g) * 0.3989422804014327
     else:
         z = 0.7978845608028654 * (g + 0.044715 * g * g * g)

@@ -11,6 +11,9 @@ import math
 import torch
 
 
+_RSQRT2 = 1.0 / math.sqrt(2.0)
+
+
 def _acc(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.float64 else t.float()
 
@@ -20,7 +23,9 @@ def act(g: torch.Tensor, kind: str) -> torch.Tensor:
     if kind == "silu":
         return g * torch.sigmoid(g)
     if kind == "gelu":
-        return 0.5 * g * (1.0 + torch.erf(g / math.sqrt(2.0)))
+        # Phi(g) as erfc(-g / sqrt 2) / 2: equal to (1 + erf(g / sqrt 2)) / 2, without its
+        # cancellation in the negative tail (g < -5.5 gives 0 there in fp32)
+        return 0.5 * g * torch.special.erfc(g * -_RSQRT2)
     if kind == "gelu_tanh":
         return 0.5 * g * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (g + 0.044715 * g.pow(3))))
     raise ValueError(f"unknown activation {kind!r}")
@@ -62,7 +67,7 @@ def _dact(g: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
         s = torch.sigmoid(g)
         return g * s, s * (1.0 + g * (1.0 - s))
     if kind == "gelu":
-        cdf = 0.5 * (1.0 + torch.erf(g / math.sqrt(2.0)))
+        cdf = 0.5 * torch.special.erfc(g * -_RSQRT2)
         return g * cdf, cdf + g * torch.exp(-0.5 * g * g) / math.sqrt(2.0 * math.pi)
     k = math.sqrt(2.0 / math.pi)
     t = torch.tanh(k * (g + 0.044715 * g.pow(3)))
