@@ -93,7 +93,7 @@ def main() -> int:
     x = torch.randn(m, 2 * i, device=dev, dtype=torch.bfloat16) * 2
     want = (F.gelu(x[:, :i].float()).to(torch.bfloat16).float() * x[:, i:].float()).to(torch.bfloat16)
     gb = 6 * m * i / 1e6  # read gate and up, write y (bf16)
-    base = L.act_policy(m, i)
+    base = L.act_policy(m, i, L.ACTS["gelu"])
     print("policy", base)
     variants = {}
     for tile, warps in ((4096, 16), (4096, 8), (4096, 4), (8192, 16), (8192, 8), (2048, 8), (2048, 4), (1024, 4)):

@@ -186,8 +186,8 @@ from kernelset.ops.activation.launch import act_policy
 
 out = []
 for i in (14336, 128):  # Llama-3-8B intermediate (2048-column tiles), a narrow expert (32-row tiles)
-    p = act_policy(16384, i)
     for act, layout in ((0, 0), (1, 0), (2, 0), (0, 1), (1, 2), (3, 3)):
+        p = act_policy(16384, i, act)
         kinds = [("fwd", K._act_fwd_kernel, dict(X="*bf16", U="*bf16", Y="*bf16", M="i32", I="i32", stride_x="i32",
                   stride_u="i32", stride_y="i32", alpha="fp32", limit="fp32"))]
         if act != 3:

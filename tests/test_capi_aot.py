@@ -465,7 +465,8 @@ def test_translated_policies_equal_python(plans):
             check("ks_pol_ce_fwd", lambda m, v, s: loss.ce_fwd_policy(m, v, s, False, loss.CETuning()), m, max(n, 1),
                   sms)
     for m, i in itertools.product((1, 2, 3, 5, 63, 64, 65, 4096, 10**6), ns[:300] + [4096, 14336, 2**20]):
-        check("ks_pol_act", act.act_policy, m, i)
+        for a in act.ACTS.values():
+            check("ks_pol_act", act.act_policy, m, i, a)
         if i:
             check("ks_pol_embedding", emb.embedding_policy, m, i)
             check("ks_pol_copy", kv.copy_policy, m, i)

@@ -82,7 +82,7 @@ ACT_FWD = Op(
   /* kernelset.ops.activation.launch.act_fwd: x, up and y share one dtype */
   if (M == 0 || I == 0) return KS_OK;
   ks_pol_act_t p;
-  if (ks_pol_act(M, I, &p)) return ks_gen_policy_failed(err, errlen, "act_policy");
+  if (ks_pol_act(M, I, act, &p)) return ks_gen_policy_failed(err, errlen, "act_policy");
   return ks_k_act_fwd_kernel(plan, err, errlen, p.grid[0], p.grid[1], 1, p.num_warps, -1, 1,
       X, dtype, U, dtype, Y, dtype, M, I, stride_x, stride_u, stride_y, alpha, limit, act, layout, p.block_m, p.block_n);
 """,

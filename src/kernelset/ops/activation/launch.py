@@ -27,15 +27,19 @@ class ActLaunch:
 
 
 @functools.lru_cache(maxsize=4096)
-def act_policy(m: int, i: int, tile: int = 4096) -> ActLaunch:
-    """Tiles of ~``tile`` elements: up to 2048 columns, rows stacked to fill the rest; 32 elements
-    per thread per tensor. H200, gelu_and_mul 16384 x 2*14336 (scripts/act_tune.py, 2026-11-27
-    s18): 4096 x 4 warps 95.4% of copy, 8192 x 8 95.3%, 2048 x 4 (16 per thread) 94.7%, 4096 x 8
-    92.4%, 4096 x 16 (8 per thread, before) 91.1%: the more independent work per thread, the more
-    of the erf's latency hidden."""
+def act_policy(m: int, i: int, act: int, tile: int = 4096) -> ActLaunch:
+    """Tiles of ~``tile`` elements: up to 2048 columns, rows stacked to fill the rest; 8 elements
+    (16 bytes of bf16) per thread per tensor, 32 for erf GELU (``act`` 1, ``ACTS``), whose erfc
+    needs more independent work per thread to hide its latency. H200, gelu_and_mul 16384 x
+    2*14336 (scripts/act_tune.py, 2026-11-27 s18): 4096 x 4 warps (32 per thread) 95.4% of copy,
+    8192 x 8 95.3%, 2048 x 4 94.7%, 4096 x 8 92.4%, 4096 x 16 (8 per thread) 91.1%; silu_and_mul
+    measured 99.4% with 8 and 97.3% with 32 (runs 8, 10), so it keeps 8."""
+    per_thread = 8
+    if act == 1:
+        per_thread = 32
     block_n = min(1 << max(0, (i - 1).bit_length()), 2048)
     block_m = max(1, min(tile // block_n, 1 << max(0, (m - 1).bit_length())))
-    warps = max(1, min(16, block_m * block_n // 1024))
+    warps = max(1, min(16, block_m * block_n // (32 * per_thread)))
     return ActLaunch(block_m, block_n, warps, (-(-m // block_m), -(-i // block_n)))
 
 
@@ -52,7 +56,7 @@ def act_fwd(x: torch.Tensor, up: torch.Tensor | None, kind: str, layout: str, al
     y = empty((*x.shape[:-1], i), x.dtype, x.device)
     if m == 0 or i == 0:
         return y
-    p = act_policy(m, i)
+    p = act_policy(m, i, ACTS[kind])
     _fwd(p.grid, x, up, y, m, i, row_stride(x), row_stride(up) if up is not None else 0, i, alpha, limit,
          ACT=ACTS[kind], LAYOUT=LAYOUTS[layout], BLOCK_M=p.block_m, BLOCK_N=p.block_n, num_warps=p.num_warps)
     return y
@@ -66,7 +70,7 @@ def act_bwd(dy: torch.Tensor, x: torch.Tensor, up: torch.Tensor | None, kind: st
     du = empty(up.shape, up.dtype, up.device) if up is not None else None
     if m == 0 or i == 0:
         return dx, du
-    p = act_policy(m, i)
+    p = act_policy(m, i, ACTS[kind])
     _bwd(p.grid, dy, x, up, dx, du, m, i, row_stride(dy), row_stride(x), row_stride(up) if up is not None else 0,
          x.shape[-1], i if du is not None else 0, ACT=ACTS[kind], LAYOUT=LAYOUTS[layout], BLOCK_M=p.block_m,
          BLOCK_N=p.block_n, num_warps=p.num_warps)
