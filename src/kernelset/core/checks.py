@@ -107,3 +107,108 @@ def no_overlap(op: str, name: str, t: torch.Tensor) -> None:
 
 
 _DISTINCT: set[tuple] = set()  # (shape, strides) that passed no_overlap
+
+
+def _byte_extent(shape, strides, esize: int, period: int) -> tuple[int, int]:
+    """Bytes a non-empty view can touch relative to its data pointer, [lo, hi); only dims whose
+    byte stride is not a multiple of ``period`` count (period 0: every dim)."""
+    lo = hi = 0
+    for size, st in zip(shape, strides):
+        if size <= 1:
+            continue
+        sb = st * esize
+        if period > 0 and sb % period == 0:
+            continue
+        e = sb * (size - 1)
+        if e < 0:
+            lo += e
+        else:
+            hi += e
+    return lo, hi + esize
+
+
+def _residues(ptr: int, shape, strides, esize: int, period: int) -> tuple[int, int] | None:
+    """(start, length) of the cyclic interval modulo ``period`` that holds the residues of every
+    byte the view touches, or None when a dim not stepping by a multiple of period spans more."""
+    lo, hi = _byte_extent(shape, strides, esize, period)
+    if hi - lo > period:
+        return None
+    return (ptr + lo) % period, hi - lo
+
+
+def views_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two views may share a byte (the C ABI's ``ks_views_overlap``). Views that interleave
+    without meeting (slices of one fused buffer: q and k of a qkv projection, the k and v halves of
+    a [num_blocks, 2, ...] cache) do not overlap: for a period some dim steps by, both stay in
+    disjoint residue intervals modulo it. Empty views never overlap. Conservative: True may be
+    answered for views that interleave in a way this test does not resolve."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    pa, pb = a.data_ptr(), b.data_ptr()
+    # the answer depends on the two layouts and the offset between them only (translating both
+    # moves every residue alike): serving calls repeat one layout pair per step
+    key = (a.shape, a.stride(), a.dtype, b.shape, b.stride(), b.dtype, pb - pa)
+    hit = _OVERLAP.get(key)
+    if hit is None:
+        hit = _views_overlap(pa, pb, (tuple(a.shape), a.stride()), (tuple(b.shape), b.stride()), a.element_size(),
+                             b.element_size())
+        if len(_OVERLAP) < 4096:
+            _OVERLAP[key] = hit
+    return hit
+
+
+_OVERLAP: dict[tuple, bool] = {}
+
+
+def _views_overlap(pa: int, pb: int, sa: tuple, sb: tuple, ea: int, eb: int) -> bool:
+    alo, ahi = _byte_extent(*sa, ea, 0)
+    blo, bhi = _byte_extent(*sb, eb, 0)
+    if pa + ahi <= pb + blo or pb + bhi <= pa + alo:
+        return False
+    for shape, strides, esize in ((*sa, ea), (*sb, eb)):
+        for size, st in zip(shape, strides):
+            period = abs(st) * esize
+            if size <= 1 or period == 0:
+                continue
+            ra = _residues(pa, *sa, ea, period)
+            rb = _residues(pb, *sb, eb, period)
+            if ra is None or rb is None:
+                continue
+            if (rb[0] - ra[0]) % period >= ra[1] and (ra[0] - rb[0]) % period >= rb[1]:
+                return False
+    return True
+
+
+def disjoint(op: str, name: str, t: torch.Tensor, other_name: str, other: torch.Tensor, why: str) -> None:
+    """``t`` (written in place) shares no memory with ``other``. Identity only under torch.compile
+    (addresses are not traceable there)."""
+    if t is other or (not torch.compiler.is_compiling() and views_overlap(t, other)):
+        raise ArgumentError(op, name, f"a different tensor from {other_name} sharing no memory with it ({why})",
+                            f"a view overlapping {other_name}")
+
+
+def disjoint_all(op: str, named: list[tuple[str, torch.Tensor]], why: str) -> None:
+    """No two of these tensors (each written in place) share memory: sorted by byte range, each is
+    tested only against those whose ranges meet its own."""
+    if torch.compiler.is_compiling():
+        ids: dict[int, str] = {}
+        for name, t in named:
+            if id(t) in ids:
+                raise ArgumentError(op, name, f"a different tensor from {ids[id(t)]} sharing no memory with it ({why})",
+                                    f"{ids[id(t)]} itself")
+            ids[id(t)] = name
+        return
+    spans = []
+    for name, t in named:
+        if t.numel():
+            lo, hi = _byte_extent(tuple(t.shape), t.stride(), t.element_size(), 0)
+            spans.append((t.data_ptr() + lo, t.data_ptr() + hi, name, t))
+    spans.sort(key=lambda s: s[0])
+    active: list[tuple] = []
+    for s in spans:
+        active = [a for a in active if a[1] > s[0]]
+        for a in active:
+            if views_overlap(a[3], s[3]):
+                raise ArgumentError(op, s[2], f"a different tensor from {a[2]} sharing no memory with it ({why})",
+                                    f"a view overlapping {a[2]}")
+        active.append(s)

@@ -74,10 +74,7 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Ten
     check_cache(op, "v_cache", v_cache)
     checks.no_overlap(op, "k_cache", k_cache)
     checks.no_overlap(op, "v_cache", v_cache)
-    if v_cache is k_cache or (not torch.compiler.is_compiling() and v_cache.numel()
-                              and v_cache.data_ptr() == k_cache.data_ptr()):
-        raise ArgumentError(op, "v_cache", "a different tensor from k_cache (values would overwrite keys)",
-                            "k_cache's memory")
+    checks.disjoint(op, "v_cache", v_cache, "k_cache", k_cache, "values would overwrite keys")
     checks.shape(op, "v_cache", v_cache, tuple(k_cache.shape), "k_cache's shape")
     checks.same_dtype(op, "v_cache", v_cache, "k_cache", k_cache)
     checks.same_device(op, "v_cache", v_cache, "k_cache", k_cache)
@@ -145,6 +142,10 @@ def _check_caches(op: str, k_caches: object, v_caches: object) -> tuple[list[tor
         if k.shape[0] != first.shape[0] or v.shape != k.shape:
             raise ArgumentError(op, f"v_caches[{i}]", f"the shape of k_caches[{i}] {tuple(k.shape)} with "
                                 f"{first.shape[0]} blocks like layer 0", f"shape {tuple(v.shape)}")
+    # every cache is written in place: one shared by two layers (or a layer's k and v) would have
+    # its blocks copied twice, the second copy reading what the first wrote
+    checks.disjoint_all(op, [(f"{kind}_caches[{i}]", t) for i, (k, v) in enumerate(zip(k_caches, v_caches))
+                             for kind, t in (("k", k), ("v", v))], "every cache is written in place")
     return list(k_caches), list(v_caches)
 
 
@@ -215,6 +216,8 @@ def swap_blocks(src: torch.Tensor, dst: torch.Tensor, block_mapping: torch.Tenso
         raise ArgumentError(op, "dst", f"blocks of src's shape {tuple(src.shape[1:])}", f"shape {tuple(dst.shape)}")
     checks.same_dtype(op, "dst", dst, "src", src)
     checks.no_overlap(op, "dst", dst)
+    if src.device == dst.device:  # (one address space per device pair otherwise: nothing to share)
+        checks.disjoint(op, "dst", dst, "src", src, "dst is written while src is read")
     checks.tensor(op, "block_mapping", block_mapping, dtypes=(torch.int64,), min_ndim=2)
     if block_mapping.device.type != "cpu":
         raise ArgumentError(op, "block_mapping", "a CPU tensor (the copies are issued from the host)",

@@ -168,10 +168,7 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
         if needs_grad(x, residual, weight):
             raise ArgumentError(op, "in_place", "False when gradients are needed (in-place is for inference)",
                                 True)
-        # data_ptr() is not traceable: under torch.compile only the identity check runs
-        if x is residual or (not torch.compiler.is_compiling() and x.numel() > 0
-                             and x.data_ptr() == residual.data_ptr()):
-            raise ArgumentError(op, "residual", "a different tensor from x when in_place=True", "the same memory")
+        checks.disjoint(op, "residual", residual, "x", x, "both are written when in_place=True")
         checks.no_overlap(op, "x", x)
         checks.no_overlap(op, "residual", residual)
         if torch.compiler.is_compiling():

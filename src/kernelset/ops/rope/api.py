@@ -75,9 +75,9 @@ def _check_serving(op: str, q: torch.Tensor, k: torch.Tensor | None, cos_sin_cac
         checks.same_dtype(op, "k", k, "q", q)
         checks.same_device(op, "k", k, "q", q)
         checks.no_overlap(op, "k", k)
-        # both rotate in place: k would turn twice (data_ptr() is not traceable: identity under compile)
-        if k is q or (not torch.compiler.is_compiling() and k.numel() and k.data_ptr() == q.data_ptr()):
-            raise ArgumentError(op, "k", "a different tensor from q (both are rotated in place)", "q's memory")
+        # both rotate in place: shared elements would turn twice (a slice of one fused qkv buffer
+        # is fine: its q and k interleave without meeting)
+        checks.disjoint(op, "k", k, "q", q, "both are rotated in place")
         if k.shape[0] != q.shape[0] or k[0].numel() % hs:
             raise ArgumentError(op, "k", f"[T={q.shape[0]}, Hk, {hs}] or [T, Hk * {hs}]", f"shape {tuple(k.shape)}")
     return hs
