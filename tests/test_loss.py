@@ -23,6 +23,7 @@ CASES = [
     ("3d", (2, 3, 500), "plain", "[B, S, V] logits with [B, S] targets"),
     ("strided-rows", (4, 300), "slice", "rows of a wider tensor (row stride 330)"),
     ("looped", (3, 1000), "looped", "several vocabulary chunks (forced 128-wide)"),
+    ("looped-exact", (3, 1024), "looped", "whole chunks only: no tail chunk"),
     ("v2", (9, 2), "plain", "tiny vocabulary"),
     ("split", (3, 1000), "split", "the split kernel: a row over 8 programs (forced 128-wide chunks)"),
     ("split-odd", (5, 4097), "split", "split with a 1-wide last chunk (33 programs per row)"),

@@ -31,6 +31,7 @@ CASES = [
     ("dim0", (40, 7), "plain", 0, "reduce a non-last dim (through a view)"),
     ("looped", (3, 1000), "looped", -1, "online max/sum kernels, forced on a short row"),
     ("looped-odd", (2, 777), "looped", -1, "looped with a ragged last chunk"),
+    ("looped-exact", (2, 1024), "looped", -1, "looped over whole chunks only: no tail"),
     ("looped-masked", (4, 700), "looped-masked", -1, "looped with -inf chunks and lanes: a lane max of -inf merges to 0"),
     ("split", (3, 1000), "split", -1, "split kernels (a row over 8 programs), forced on a short row"),
     ("split-odd", (2, 777), "split", -1, "split with a ragged last chunk"),
