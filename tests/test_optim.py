@@ -303,26 +303,81 @@ def test_non_dense_param_forced_triton_refuses_auto_falls_back(device):
 
 
 def test_plan_is_cached_and_rebuilt_on_new_addresses(device):
-    ps = [torch.randn(300, device=device, requires_grad=True) for _ in range(3)]
-    opt = ks.optim.AdamW(ps, backend="triton")
+    ps = [torch.randn(300, device=device) for _ in range(3)]
+    ms, vs = [torch.zeros_like(p) for p in ps], [torch.zeros_like(p) for p in ps]
+    steps = [torch.zeros((), device=device) for _ in ps]
     grads = _grads(ps)
-    for p, g in zip(ps, grads):
-        p.grad = g
+
+    def plan(gs):
+        return L.prepare(ps, gs, ms, vs, [], [], steps, False)
+
     L.clear_plans()
-    opt.step()
-    opt.step()
-    assert len(L._plans) == 1, "same addresses must reuse the plan"
-    assert len(L._layouts) == 1
-    before = [p.detach().clone() for p in ps]
-    ps[1].grad = grads[1].clone()  # a fresh grad elsewhere (zero_grad(set_to_none=True) every step)
-    opt.step()
+    first = plan(grads)
+    assert plan(grads).buckets is first.buckets, "same addresses must reuse the plan"
+    assert len(L._plans) == 1 and len(L._layouts) == 1
+    moved = [grads[0], grads[1].clone(), grads[2]]  # a fresh grad elsewhere (zero_grad(set_to_none=True))
+    again = plan(moved)
     assert len(L._plans) == 2, "a moved grad needs a table with its address"
-    assert len(L._layouts) == 1, "only a grad moved: the buckets and chunk maps are reused"
-    assert all(not torch.equal(a, b.detach()) for a, b in zip(before, ps)), "every tensor must still be updated"
-    ps[0].grad = torch.randn(301, device=device)[1:]  # a 4-byte-offset grad: another bucket
-    ps[0].grad.copy_(grads[0])
-    opt.step()
+    assert len(L._layouts) == 1 and again.lay is first.lay, "only a grad moved: buckets and chunk maps are reused"
+    odd = torch.randn(301, device=device)[1:]  # a 4-byte-offset grad: another bucket
+    plan([odd, grads[1], grads[2]])
     assert len(L._layouts) == 2, "a grad that changes alignment changes the buckets"
+    with pytest.raises(ValueError, match="alignment"):
+        first.regrad([odd.data_ptr(), grads[1].data_ptr(), grads[2].data_ptr()])
+
+
+def test_step_cache_replays_and_follows_every_change(device, monkeypatch):
+    """From the second step on, AdamW replays its cached plan (no new plan is prepared), yet
+    matches torch.optim.AdamW step for step through every change that must leave the replay:
+    moved grads, a grad gone, a param's storage swapped, a state tensor replaced, a reloaded
+    state dict, a misaligned grad."""
+    a = [torch.randn(n, device=device, requires_grad=True) for n in (300, 1000, 17)]
+    b = [p.detach().clone().requires_grad_() for p in a]
+    ours = ks.optim.AdamW(a, lr=1e-2, weight_decay=0.1, backend="triton")
+    ref = torch.optim.AdamW(b, lr=1e-2, weight_decay=0.1)
+    prepared = []
+    real = L.prepare
+    monkeypatch.setattr(L, "prepare", lambda *args: prepared.append(1) or real(*args))
+
+    def step(change=None, grads=None):
+        grads = grads or _grads(a)
+        for p, q, g in zip(a, b, grads):
+            p.grad = None if g is None else g
+            q.grad = None if g is None else g.clone()
+        if change:
+            change()
+        prepared.clear()
+        ours.step()
+        ref.step()
+        for i, (p, q) in enumerate(zip(a, b)):
+            _close(p.detach(), q.detach(), FP32_TOL, f"param {i}")
+        return len(prepared)
+
+    step()
+    grads = _grads(a)
+    step(grads=grads)
+    assert step(grads=grads) == 0, "same tensors: the step is replayed"
+    assert step() == 0, "moved grads: replayed on new tables"
+    assert step(grads=[grads[0], None, grads[2]]) > 0, "a grad gone: full path"
+    assert step(grads=[grads[0], None, grads[2]]) == 0
+    assert step() > 0 and step() == 0, "every grad back: full path once, then replayed"
+
+    kept = []
+
+    def swap():  # (the old storage kept alive: a stale replay would update it instead, not crash)
+        kept.append(a[0].data)
+        a[0].data = a[0].data.clone()
+    assert step(change=swap) > 0, "a param's storage swapped: full path"
+
+    def replace():
+        ours.state[a[2]]["exp_avg"] = ours.state[a[2]]["exp_avg"].clone()
+    assert step(change=replace) > 0, "a state tensor replaced: full path"
+    assert step() == 0
+    sd = ours.state_dict()
+    assert step(change=lambda: ours.load_state_dict(sd)) > 0, "a reloaded state dict: full path"
+    odd = torch.randn(301, device=device)[1:]
+    odd.copy_(_grads(a)[0])
+    assert step(grads=[odd] + _grads(a)[1:]) > 0, "a misaligned grad: another bucket, full path"
 
 
 @pytest.mark.parametrize("fn,match", [

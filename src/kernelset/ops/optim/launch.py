@@ -75,7 +75,7 @@ class _Layout:
 
 
 _layouts: collections.OrderedDict[tuple, _Layout] = collections.OrderedDict()
-_plans: collections.OrderedDict[tuple, tuple[Bucket, ...]] = collections.OrderedDict()
+_plans: collections.OrderedDict[tuple, tuple[_Layout, tuple[Bucket, ...]]] = collections.OrderedDict()
 
 
 def clear_plans() -> None:
@@ -130,6 +130,29 @@ def plan(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], exp_avgs
          chunk: int) -> tuple[Bucket, ...]:
     """The buckets for these tensors: from the cache when every address, size and dtype matches;
     on the cached layout (new tables only) when only grad addresses moved."""
+    return _plan(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, chunk).buckets
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A plan with what re-tabling it for other grad addresses needs (``AdamW``'s step cache)."""
+    lay: _Layout
+    cols: list[list[int]]  # addresses per tensor kind (kernels.py's table columns); cols[1]: the grads
+    numels: list[int]
+    device: torch.device
+    buckets: tuple[Bucket, ...]
+    pol: OptLaunch | None = None
+
+    def regrad(self, gcol: list[int]) -> None:
+        """The tables for grads at these addresses (same sizes and dtypes), on the same layout
+        when every grad keeps its 16-byte alignment; a new plan otherwise."""
+        if [a % 16 == 0 for a in gcol] != [a % 16 == 0 for a in self.cols[1]]:
+            raise ValueError("a grad changed alignment: plan again")
+        self.cols[1] = gcol
+        self.buckets = _tables(self.lay, self.cols, self.numels, self.device)
+
+
+def _plan(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, chunk: int) -> Prepared:
     n = len(params)
     gcol = _addresses(grads, n)
     cols = [_addresses(params, n), gcol, _addresses(exp_avgs, n), _addresses(exp_avg_sqs, n),
@@ -141,10 +164,10 @@ def plan(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], exp_avgs
     fixed = (device, chunk, tuple(numels)) + tuple(tuple(d) for d in dts) + tuple(
         tuple(c) for c in cols if c is not gcol)
     key = fixed + (tuple(gcol),)
-    buckets = _plans.get(key)
-    if buckets is not None:
+    hit = _plans.get(key)
+    if hit is not None:
         _plans.move_to_end(key)
-        return buckets
+        return Prepared(hit[0], cols, numels, device, hit[1])
     lkey = fixed + (tuple(a % 16 == 0 for a in gcol),)  # a grad's alignment picks its bucket
     lay = _layouts.get(lkey)
     if lay is None:
@@ -153,8 +176,8 @@ def plan(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], exp_avgs
     else:
         _layouts.move_to_end(lkey)
     buckets = _tables(lay, cols, numels, device)
-    _remember(_plans, key, buckets)
-    return buckets
+    _remember(_plans, key, (lay, buckets))
+    return Prepared(lay, cols, numels, device, buckets)
 
 
 def _hi_lo(x: float) -> tuple[float, float]:
@@ -167,26 +190,41 @@ def adamw(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps,
           lr_tensor: torch.Tensor | None, beta1: float, beta2: float, eps: float, weight_decay: float, amsgrad: bool,
           maximize: bool, grad_scale: torch.Tensor | None, found_inf: torch.Tensor | None) -> None:
     """One AdamW step over every tensor, in place: 1 update launch + 1 step-counter launch per bucket."""
-    if not params:
-        return
+    if params:
+        adamw_prepared(prepare(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, amsgrad),
+                       params, grads, exp_avgs, steps, lr, lr_tensor, beta1, beta2, eps, weight_decay, amsgrad,
+                       maximize, bool(masters), grad_scale, found_inf)
+
+
+def prepare(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, amsgrad: bool) -> Prepared:
+    """The plan of an AdamW step over these tensors (non-empty lists)."""
     pol = opt_policy(sum(p.numel() for p in params))
-    buckets = plan(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if amsgrad else None, masters or None, steps,
-                   pol.chunk)
+    prep = _plan(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if amsgrad else None, masters or None, steps,
+                 pol.chunk)
+    prep.pol = pol
+    return prep
+
+
+def adamw_prepared(prep: Prepared, params, grads, exp_avgs, steps, lr: float, lr_tensor: torch.Tensor | None,
+                   beta1: float, beta2: float, eps: float, weight_decay: float, amsgrad: bool, maximize: bool,
+                   master: bool, grad_scale: torch.Tensor | None, found_inf: torch.Tensor | None) -> None:
+    """The launches of one AdamW step on a plan of these tensors (whose addresses it holds)."""
+    pol = prep.pol
     lr_hi, lr_lo = _hi_lo(lr)
     b1_hi, b1_lo = _hi_lo(beta1)
     b2_hi, b2_lo = _hi_lo(beta2)
     decay = 1.0 - lr * weight_decay
     dummy = steps[0]
-    for b in buckets:
+    for b in prep.buckets:
         if b.chunks:
             _adamw((b.chunks,), b.table, b.chunk_map, params[b.first], grads[b.first], exp_avgs[b.first],
                    lr_tensor if lr_tensor is not None else dummy, grad_scale if grad_scale is not None else dummy,
                    found_inf if found_inf is not None else dummy, lr_hi, lr_lo, b1_hi, b1_lo, b2_hi, b2_lo,
                    1.0 - beta1, beta2, 1.0 - beta2, eps, weight_decay, decay, ROW=ROW, BLOCK=pol.block, ITERS=pol.iters,
-                   AMSGRAD=amsgrad, MAXIMIZE=maximize, MASTER=bool(masters), LR_TENSOR=lr_tensor is not None,
+                   AMSGRAD=amsgrad, MAXIMIZE=maximize, MASTER=master, LR_TENSOR=lr_tensor is not None,
                    HAS_SCALE=grad_scale is not None, HAS_INF=found_inf is not None, ALIGNED=b.aligned,
                    num_warps=pol.num_warps)
-    for b in buckets:
+    for b in prep.buckets:
         _steps((1,), b.table, b.rows, found_inf if found_inf is not None else dummy, ROW=ROW,
                HAS_INF=found_inf is not None, BLOCK=128, num_warps=4)
 
