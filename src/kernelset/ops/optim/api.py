@@ -211,12 +211,12 @@ class AdamW(torch.optim.Optimizer):
     def _step_group(self, group: dict[str, Any], grad_scale: torch.Tensor | None,
                     found_inf: torch.Tensor | None) -> None:
         compiling = torch.compiler.is_compiling()
-        cache = self.__dict__.setdefault("_steps_cache", {})
-        if not compiling:
-            hit = cache.get(id(group))
+        if not compiling:  # (the step cache is eager only)
+            cache = self.__dict__.setdefault("_steps_cache", {})
+            hit = cache.pop(id(group), None)
             if hit is not None and hit.replay(self, group, grad_scale, found_inf):
+                cache[id(group)] = hit
                 return
-        cache.pop(id(group), None)
         amsgrad = bool(group["amsgrad"])
         parts: dict[tuple, tuple[list, ...]] = {}
         for p in group["params"]:
@@ -253,7 +253,7 @@ class AdamW(torch.optim.Optimizer):
         if not compiling:
             step = _GroupStep.build(self, group, parts)
             if step is not None:
-                cache[id(group)] = step
+                self._steps_cache[id(group)] = step
 
 
 class _GroupStep:
@@ -265,11 +265,11 @@ class _GroupStep:
     have a grad; each param still has the address it had (a ``.data`` swap, a move or a cast
     changes it); each state entry is the same tensor object; each grad is dense, contiguous and
     of the dtype it had (its address may move: the tables are rebuilt then); the group's
-    amsgrad, the optimizer's backend and master_weights are unchanged; and every part ran on
+    amsgrad, the optimizer's backend, master_weights and state_dtype are unchanged; and every part ran on
     the Triton implementation. Anything else (and torch.compile) takes the full path, which
     rebuilds the cache. ``load_state_dict``, ``add_param_group`` and unpickling drop it."""
 
-    __slots__ = ("n", "none", "amsgrad", "backend", "master", "parts")
+    __slots__ = ("n", "none", "amsgrad", "backend", "master", "state_dtype", "parts")
 
     @classmethod
     def build(cls, opt: "AdamW", group: dict[str, Any], parts: dict) -> "_GroupStep | None":
@@ -280,7 +280,7 @@ class _GroupStep:
         self.n = len(params)
         self.none = [p.grad is None for p in params]
         self.amsgrad = bool(group["amsgrad"])
-        self.backend, self.master = opt.backend, opt.master_weights
+        self.backend, self.master, self.state_dtype = opt.backend, opt.master_weights, opt.state_dtype
         self.parts = []
         for (device, master), (ps, gs, ms, vs, vms, ws, steps) in parts.items():
             impl = dispatch.select(_OP, str(opt.backend), (ps, gs, ms, vs, vms, ws), {})
@@ -296,7 +296,7 @@ class _GroupStep:
                found_inf: torch.Tensor | None) -> bool:
         params = group["params"]
         if (len(params) != self.n or bool(group["amsgrad"]) != self.amsgrad or opt.backend != self.backend
-                or opt.master_weights != self.master):
+                or opt.master_weights != self.master or opt.state_dtype != self.state_dtype):
             return False
         grads = [p.grad for p in params]
         if [g is None for g in grads] != self.none:
