@@ -1,20 +1,20 @@
 """Triton kernels of the fused cross-entropy.
 
-``_ce_fwd_kernel``: a persistent grid (a few programs per SM) walks the rows; each row's
-vocabulary is read in chunks. Pass 1 views a chunk as [lanes, EPT] and keeps an online (max, sum
-of exp) per lane: each lane's EPT logits are reduced to their max first, so every logit costs one
-exp, and the lanes merge once per row (no reduction across the program inside the loop). Pass 2,
-in reverse chunk order, writes the gradient already scaled for the reduction (the target's share
-taken off once per row, after a barrier); with only ``programs`` rows in flight their logits are still in L2, so a training
-step reads the logits from HBM once and writes the gradient once. ``_ce_scale_kernel``
-multiplies by the incoming gradient in place and returns at once where it is 1.0 (the usual
-``loss.backward()``), so the backward costs nothing then. ``_ce_reduce_kernel`` sums the per-row
-losses for a mean or sum reduction in one program, in a fixed order (the C ABI runs the same
-kernel, so its answer is the Python package's, bit for bit). ``_ce_fwd_split_kernel`` (with a
+``_ce_fwd_kernel``: a persistent grid (a few programs per SM) walks the rows; each row's vocabulary
+is read in chunks. Pass 1 views a chunk as [lanes, EPT] and keeps an online (max, sum of exp) per
+lane: each lane's EPT logits are reduced to their max first, so every logit costs one exp, and the
+lanes merge once per row (no reduction across the program inside the loop). Pass 2, in reverse
+chunk order, writes the gradient already scaled for the reduction (the target's share taken off
+once per row, after a barrier); with only ``programs`` rows in flight their logits are still in L2,
+so a training step reads the logits from HBM once and writes the gradient once.
+``_ce_scale_kernel`` multiplies by the incoming gradient in place and returns at once where it is
+1.0 (the usual ``loss.backward()``), so the backward costs nothing then. ``_ce_reduce_kernel`` sums
+the per-row losses for a mean or sum reduction in one program, in a fixed order (the C ABI runs the
+same kernel, so its answer is the Python package's, bit for bit). ``_ce_fwd_split_kernel`` (with a
 gradient, vocabularies wider than one chunk): one program per (row, chunk) holding its logits in
 registers while the row's programs exchange partials (``ops/rowsync.py``), so the logits are read
-from HBM once whatever L2 holds. ``_ce_grad_scale_kernel``: the gradient's scale for the
-reduction in one program. fp32 math.
+from HBM once whatever L2 holds. ``_ce_grad_scale_kernel``: the gradient's scale for the reduction
+in one program. fp32 math.
 """
 from __future__ import annotations
 

@@ -2,11 +2,11 @@
 
 Block kernels keep ``ROWS`` whole rows in registers: one read, one write. Looped kernels walk a
 long row in chunks: an online pass for (max, sum of exp) with rescaling (the forward's per lane of
-EPT consecutive values), then the output pass in reverse chunk order; their grid is persistent (a few programs per SM), so the rows in flight fit
-in L2 and the second pass reads them from there. Split kernels spread one long row over
-``split`` programs, each holding a chunk in registers, which exchange per-chunk partials through
-``ops/rowsync.py`` (forward: chunk max and sum of exp; backward: sum of dy * y): one read of the
-inputs for any row width. fp32 math throughout.
+EPT consecutive values), then the output pass in reverse chunk order; their grid is persistent (a
+few programs per SM), so the rows in flight fit in L2 and the second pass reads them from there.
+Split kernels spread one long row over ``split`` programs, each holding a chunk in registers, which
+exchange per-chunk partials through ``ops/rowsync.py`` (forward: chunk max and sum of exp;
+backward: sum of dy * y): one read of the inputs for any row width. fp32 math throughout.
 """
 from __future__ import annotations
 
