@@ -4,7 +4,8 @@ of copy) at other tiles and warps than ``act_policy``'s, and with an erf of fewe
 On the H200 (session 18) the shipped kernel measured 83.3% of copy against torch.compile's 88.2%,
 while silu_and_mul reached 99.4%: libdevice's erff costs more instructions per element than the
 H200's bandwidth leaves time for (on the H100 the same kernel met the bar). Two ways tried here:
-  - tile / warps: the shipped kernel with ``ActLaunch`` values other than the policy's;
+  - tile / warps: the package's kernel with ``ActLaunch`` values other than the policy's (the
+    "shipped" rows: libdevice's erf when run 9 measured them, the erfc form since);
   - ``erfc`` in the Numerical Recipes form (t = 1 / (1 + z / 2), erfc = t exp(poly(t) - z^2),
     relative error < 1.2e-7 on the whole line, one reciprocal, one exp, nine FMAs), GELU =
     x * erfc(-x / sqrt 2) / 2; every output is compared with torch's bits (``F.gelu``, rounded to
