@@ -35,8 +35,8 @@ class SoftmaxTuning:
     # rows whose next power of two is this wide (2-byte inputs) take the looped forward rather
     # than the split one: 4096x131072 bf16, looped against split, H100 91.3 / 89.6% of copy, H200
     # 77.3 / 72.4%; the split wins at 65536 (90.7 / 89.1%, H200 74.8 / 72.8%) and at 262144
-    # (87.6 / 75.8%, H200 70.7 / 67.0%), where the rows in flight outgrow L2 (scripts/lean_loops.py,
-    # docs/benchmarks/2026-11-27-s18 runs 2-3); 0 turns it off
+    # (87.6 / 75.8%, H200 70.7 / 67.0%), where the rows in flight outgrow L2 (lean_loops.py at
+    # 1e6c968, docs/benchmarks/2026-11-27-s18 runs 2-3); 0 turns it off
     looped_only_fwd: int = 131072
     # split kernels (rows of split_min_* and wider, next power of two, past max_block_*, in place
     # of the looped ones): one program per chunk of split_chunk_* columns, the row's programs
