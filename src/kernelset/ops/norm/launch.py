@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ...core.alloc import empty
+from ...core.alloc import empty, empty_like
 from ...core.arch import sm_count
 from ...core.checks import row_stride
 from ..rowsync import launches
@@ -42,10 +42,10 @@ def norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
     n = shape[-1]
     m = x.numel() // n if n else 0
     dev = x.device
-    y = out if out is not None else empty(shape, x.dtype, dev)
+    y = out if out is not None else empty_like(x)
     h = None
     if residual is not None:
-        h = h_out if h_out is not None else empty(shape, x.dtype, dev)
+        h = h_out if h_out is not None else empty_like(x)
     rstd = empty(shape[:-1], torch.float32, dev) if stats else None
     mean = empty(shape[:-1], torch.float32, dev) if stats and not is_rms else None
     if m == 0:
