@@ -158,6 +158,7 @@ def views_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 _OVERLAP: dict[tuple, bool] = {}
+_EXTENT: dict[tuple, tuple[int, int]] = {}  # (shape, strides, element size) -> _byte_extent(..., 0)
 
 
 def _views_overlap(pa: int, pb: int, sa: tuple, sb: tuple, ea: int, eb: int) -> bool:
@@ -183,8 +184,12 @@ def disjoint(op: str, name: str, t: torch.Tensor, other_name: str, other: torch.
     """``t`` (written in place) shares no memory with ``other``. Identity only under torch.compile
     (addresses are not traceable there)."""
     if t is other or (not torch.compiler.is_compiling() and views_overlap(t, other)):
-        raise ArgumentError(op, name, f"a different tensor from {other_name} sharing no memory with it ({why})",
-                            f"a view overlapping {other_name}")
+        raise _shared(op, name, other_name, why)
+
+
+def _shared(op: str, name: str, other_name: str, why: str) -> ArgumentError:
+    return ArgumentError(op, name, f"a different tensor from {other_name} sharing no memory with it ({why})",
+                         f"a view overlapping {other_name}")
 
 
 def disjoint_all(op: str, named: list[tuple[str, torch.Tensor]], why: str) -> None:
@@ -194,21 +199,25 @@ def disjoint_all(op: str, named: list[tuple[str, torch.Tensor]], why: str) -> No
         ids: dict[int, str] = {}
         for name, t in named:
             if id(t) in ids:
-                raise ArgumentError(op, name, f"a different tensor from {ids[id(t)]} sharing no memory with it ({why})",
-                                    f"{ids[id(t)]} itself")
+                raise _shared(op, name, ids[id(t)], why)
             ids[id(t)] = name
         return
     spans = []
     for name, t in named:
         if t.numel():
-            lo, hi = _byte_extent(tuple(t.shape), t.stride(), t.element_size(), 0)
-            spans.append((t.data_ptr() + lo, t.data_ptr() + hi, name, t))
+            layout = (t.shape, t.stride(), t.element_size())
+            ext = _EXTENT.get(layout)
+            if ext is None:  # (every layer's cache has one layout)
+                ext = _byte_extent(*layout, 0)
+                if len(_EXTENT) < 4096:
+                    _EXTENT[layout] = ext
+            p = t.data_ptr()
+            spans.append((p + ext[0], p + ext[1], name, t))
     spans.sort(key=lambda s: s[0])
     active: list[tuple] = []
     for s in spans:
         active = [a for a in active if a[1] > s[0]]
         for a in active:
             if views_overlap(a[3], s[3]):
-                raise ArgumentError(op, s[2], f"a different tensor from {a[2]} sharing no memory with it ({why})",
-                                    f"a view overlapping {a[2]}")
+                raise _shared(op, s[2], a[2], why)
         active.append(s)

@@ -29,9 +29,16 @@ def _adamw_run(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: 
                steps: list[torch.Tensor], lr: float, lr_tensor: Optional[torch.Tensor], beta1: float, beta2: float,
                eps: float, weight_decay: float, amsgrad: bool, maximize: bool, grad_scale: Optional[torch.Tensor],
                found_inf: Optional[torch.Tensor], backend: str) -> None:
+    _adamw_eager(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, lr, lr_tensor, beta1, beta2,
+                 eps, weight_decay, amsgrad, maximize, grad_scale, found_inf, backend)
+
+
+def _adamw_eager(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, lr, lr_tensor, beta1, beta2,
+                 eps, weight_decay, amsgrad, maximize, grad_scale, found_inf, backend) -> tuple[Any, Any]:
+    """The step, and (the implementation that ran, what it returned: the Triton one its plan)."""
     impl = dispatch.select(_OP, backend, (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters), {})
-    impl.forward(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, lr, lr_tensor, beta1, beta2,
-                 eps, weight_decay, amsgrad, maximize, grad_scale, found_inf)
+    return impl, impl.forward(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, lr, lr_tensor,
+                              beta1, beta2, eps, weight_decay, amsgrad, maximize, grad_scale, found_inf)
 
 
 _adamw_op = torch.library.custom_op(
@@ -240,7 +247,9 @@ class AdamW(torch.optim.Optimizer):
         if not parts:
             return
         beta1, beta2 = (float(b) for b in group["betas"])
-        for (device, _), (ps, gs, ms, vs, vms, ws, steps) in parts.items():
+        ran = {}  # part -> (implementation, its result), for the step cache
+        for key, (ps, gs, ms, vs, vms, ws, steps) in parts.items():
+            device = key[0]
             lr, lr_t = _lr(group["lr"], device)
             scale = _on(grad_scale, device)
             inf = _on(found_inf, device)
@@ -249,9 +258,9 @@ class AdamW(torch.optim.Optimizer):
             if compiling:
                 torch.ops.kernelset.adamw_(*args)
             else:
-                _adamw_run(*args)
+                ran[key] = _adamw_eager(*args)
         if not compiling:
-            step = _GroupStep.build(self, group, parts)
+            step = _GroupStep.build(self, group, parts, ran)
             if step is not None:
                 self._steps_cache[id(group)] = step
 
@@ -272,8 +281,9 @@ class _GroupStep:
     __slots__ = ("n", "none", "amsgrad", "backend", "master", "state_dtype", "parts")
 
     @classmethod
-    def build(cls, opt: "AdamW", group: dict[str, Any], parts: dict) -> "_GroupStep | None":
-        from .launch import prepare
+    def build(cls, opt: "AdamW", group: dict[str, Any], parts: dict, ran: dict) -> "_GroupStep | None":
+        """From a full step: its parts' tensor lists and what each part ran (implementation,
+        plan); None where a part did not run on the Triton implementation."""
         params = group["params"]
         index = {id(p): i for i, p in enumerate(params)}
         self = cls()
@@ -283,11 +293,10 @@ class _GroupStep:
         self.backend, self.master, self.state_dtype = opt.backend, opt.master_weights, opt.state_dtype
         self.parts = []
         for (device, master), (ps, gs, ms, vs, vms, ws, steps) in parts.items():
-            impl = dispatch.select(_OP, str(opt.backend), (ps, gs, ms, vs, vms, ws), {})
+            impl, prep = ran[(device, master)]
             if impl.backend is not Backend.TRITON or not all(p.is_contiguous() and g.is_contiguous()
                                                               for p, g in zip(ps, gs)):
                 return None
-            prep = prepare(ps, gs, ms, vs, vms, ws, steps, self.amsgrad)
             self.parts.append(_PartStep([index[id(p)] for p in ps], ps, ms, vs, vms, ws, steps,
                                         [g.dtype for g in gs], prep, device, master))
         return self

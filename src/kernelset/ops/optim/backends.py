@@ -154,7 +154,7 @@ declare_op(OpSpec(
 
 def _t_adamw(*args):
     from .launch import adamw
-    adamw(*args)
+    return adamw(*args)  # the plan it ran (AdamW's step cache replays it)
 
 
 def _t_clip(grads, max_norm, norm_type, out_dtype, apply):

@@ -188,12 +188,15 @@ def _hi_lo(x: float) -> tuple[float, float]:
 
 def adamw(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, lr: float,
           lr_tensor: torch.Tensor | None, beta1: float, beta2: float, eps: float, weight_decay: float, amsgrad: bool,
-          maximize: bool, grad_scale: torch.Tensor | None, found_inf: torch.Tensor | None) -> None:
-    """One AdamW step over every tensor, in place: 1 update launch + 1 step-counter launch per bucket."""
-    if params:
-        adamw_prepared(prepare(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, amsgrad),
-                       params, grads, exp_avgs, steps, lr, lr_tensor, beta1, beta2, eps, weight_decay, amsgrad,
-                       maximize, bool(masters), grad_scale, found_inf)
+          maximize: bool, grad_scale: torch.Tensor | None, found_inf: torch.Tensor | None) -> Prepared | None:
+    """One AdamW step over every tensor, in place: 1 update launch + 1 step-counter launch per bucket.
+    Returns the plan it ran (None without params)."""
+    if not params:
+        return None
+    prep = prepare(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, amsgrad)
+    adamw_prepared(prep, params, grads, exp_avgs, steps, lr, lr_tensor, beta1, beta2, eps, weight_decay, amsgrad,
+                   maximize, bool(masters), grad_scale, found_inf)
+    return prep
 
 
 def prepare(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, amsgrad: bool) -> Prepared:
