@@ -65,12 +65,14 @@ def bwd(n, dtype="bf16", rms=True, w=True, b=False, dres=False, gemma=False, arc
 # column reduction).
 CASES = {
     "fwd-rms-res-bf16-4096": fwd(4096, res=True),  # Llama-8B fused add+norm, 8 warps
-    "fwd-rms-x-only-bf16-4096": fwd(4096, w=False),  # x is the only tensor loaded: its loads alone
-    "fwd-rms-nostats-bf16-4096": fwd(4096, stats=False),  # inference path, no rstd store
+    "fwd-rms-x-only-bf16-4096": fwd(4096, w=False),  # x is the only tensor loaded (two-pass: 2 chunks of 2048)
+    "fwd-rms-nostats-bf16-4096": fwd(4096, stats=False),  # inference path, no rstd store (two-pass)
+    "fwd-rms-ragged-bf16-5120": fwd(5120),  # two-pass with a masked last chunk (2 x 4096 for 5120)
+    "fwd-rms-nostats-bf16-2048": fwd(2048, stats=False),  # the widest plain-RMSNorm block kernel
     "fwd-ln-bias-bf16-4096": fwd(4096, rms=False, b=True),  # LayerNorm: mean, centred variance
-    "fwd-rms-fp32w-bf16-8192": fwd(8192, wdtype="fp32"),  # mixed precision: fp32 weight, 16 warps
+    "fwd-rms-fp32w-bf16-8192": fwd(8192, wdtype="fp32"),  # mixed precision: fp32 weight (two-pass, 2 x 4096)
     "fwd-ln-fp32-8192": fwd(8192, "fp32", rms=False, w=False),  # fp32 rows
-    "fwd-rms-gemma-fp16-16384": fwd(16384, "fp16", gemma=True),  # widest block kernel, 32 warps
+    "fwd-rms-gemma-fp16-16384": fwd(16384, "fp16", gemma=True),  # widest block kernel, 16 warps
     "fwd-rms-rows16-bf16-128": fwd(128),  # many rows per program (ROWS=16)
     "fwd-looped-rms-res-bf16-65536": fwd(65536, res=True, split=False),  # looped; h written, then re-read
     "fwd-looped-ln-bias-fp32-65536": fwd(65536, "fp32", rms=False, b=True, split=False),  # Chan merge of stats
@@ -233,6 +235,7 @@ def compiled(tmp_path_factory):
 
 SMEM_LIMIT = {80: 163 * 1024, 90: 227 * 1024}  # shared memory one block may have
 EXPECTED_KERNELS = {("fwd", False): ["_norm_fwd_kernel"], ("fwd", True): ["_norm_fwd_looped_kernel"],
+                    ("fwd", "two_pass"): ["_rms_fwd_two_pass_kernel"],
                     ("fwd", "split"): ["_norm_fwd_split_kernel"],
                     ("bwd", False): ["_norm_bwd_kernel"],
                     ("bwd", True): ["_norm_bwd_looped_kernel", "_norm_bwd_dwdb_kernel"],
@@ -244,6 +247,8 @@ def test_compiles_without_spills(compiled, name):
     case = CASES[name]
     runs = compiled[name]
     looped = case["n"] > (16384 if case["dir"] == "fwd" else 8192)
+    if case["dir"] == "fwd" and case["rms"] and not case["res"] and 4096 <= 1 << (case["n"] - 1).bit_length() <= 8192:
+        looped = "two_pass"  # plain RMSNorm of 2049-8192: two chunks per pass (NormTuning.rms_two_pass_*)
     if looped and case["dir"] == "fwd" and (case["split"] or case["split"] is None and case["n"] > 65536):
         looped = "split"
     if looped and case["dir"] == "bwd" and case["split"] is not False:
@@ -261,6 +266,8 @@ def test_compiles_without_spills(compiled, name):
 def _row_tensors(r):
     """Tensors of a full row tile the kernel reads (x, residual, dy, dres)."""
     c = r["consts"]
+    if r["kernel"] == "_rms_fwd_two_pass_kernel":
+        return 1
     if r["kernel"].startswith("_norm_fwd"):
         return 1 + c["HAS_RESIDUAL"]
     if r["kernel"] == "_norm_bwd_dwdb_kernel":
@@ -279,7 +286,7 @@ def test_row_loads_are_vectorized(compiled, name):
         per_thread = c.get("ROWS", c.get("BLOCK_M", 1)) * c.get("BLOCK_N", c.get("CHUNK")) * size // (32 * r["num_warps"])
         need = _row_tensors(r) * max(1, per_thread // 16)
         assert r["v4_loads"] >= need, f"{r['kernel']}: {r['v4_loads']} 128-bit loads, expected >= {need}: {r}"
-        if size == 2 and r["kernel"].startswith("_norm_fwd"):
+        if size == 2 and (r["kernel"].startswith("_norm_fwd") or r["kernel"] == "_rms_fwd_two_pass_kernel"):
             # 16-bit forward: no element-wise loads of x or residual. With ROWS > 1 the weight and
             # bias ([BLOCK_N], once per program) get a 1-D layout of one element per thread and
             # go to the row layout through shared memory: one scalar load each, allowed.

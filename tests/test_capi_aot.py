@@ -453,7 +453,9 @@ def test_translated_policies_equal_python(plans):
 
     ns = sorted({*range(0, 600), *[v + d for v in (2**k for k in range(9, 27)) for d in (-1, 0, 1)], 2**31 - 1})
     for n, m, sms in itertools.product(ns, (0, 1, 7, 100000), (1, 132)):
-        check("ks_pol_norm_fwd", lambda m, n, s: norm.fwd_policy(m, n, s, norm.DEFAULT_TUNING), m, n, sms)
+        for plain in (0, 1):
+            check("ks_pol_norm_fwd", lambda m, n, s, r: norm.fwd_policy(m, n, s, bool(r), norm.DEFAULT_TUNING), m, n,
+                  sms, plain)
         t = sm.SoftmaxTuning()
         check("ks_pol_softmax", lambda m, n, s: sm.policy(m, n, t.max_block_fwd, s, t), m, n, sms)
         if m == 0:  # (the split policies do not take m)

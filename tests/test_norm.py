@@ -212,7 +212,7 @@ def test_layer_norm_looped_statistics_hold_a_drifting_offset_mean(dtype, device)
     x = (1000.0 + cols + torch.randn(3, n, device=device)).to(dtype)
     w, b = torch.randn(n, device=device), torch.randn(n, device=device)
     with policy.use(SMALL_TUNING):
-        assert policy.fwd_policy(3, n, 132, policy.active()).looped
+        assert policy.fwd_policy(3, n, 132, False, policy.active()).looped
         y = ks.layer_norm(x, w.to(dtype), b.to(dtype), eps=1e-5, backend="triton")
     want = torch.nn.functional.layer_norm(x.double(), (n,), w.to(dtype).double(), b.to(dtype).double(), 1e-5)
     assert rel_err(y, want.float()) < (2e-5 if dtype == torch.float32 else tolerance("norm", dtype))

@@ -5,8 +5,8 @@
  *   scripts/capi_gpu_check.py builds and runs it (gcc smoke_gpu.c, the .c files of capi/src/cuda
  *   and capi/generated, -ldl -lpthread -lm), then ./smoke_gpu [device]
  *
- * Its shapes are cases of the generator's test set (capi/aot/ops): rms_norm [1, 4096] runs the
- * fallback (align16) variant, everything else the exact ones; paged attention runs split-KV
+ * Its shapes are cases of the generator's test set (capi/aot/ops): fused_add_rms_norm [1, 4096] runs
+ * the fallback (align16) variant, everything else the exact ones; paged attention runs split-KV
  * through a workspace (4 splits + the reduce kernel) and one pass with the LSE discarded.
  *
  * Exit status: 0 every case matched; 1 a mismatch or a failed launch; 2 no usable CUDA device
@@ -302,12 +302,12 @@ int main(int argc, char **argv) {
     printf("smoke_gpu: this device loads %s sm_%d images\n", im ? (im->kind == KS_IMAGE_CUBIN ? "cubin" : "PTX") : "no",
            im ? im->arch : 0);
   }
-  rms_norm_case(device, KS_DT_BF16, 37, 4096, 0, 0, 0.0);     /* aligned variant, 8 warps */
+  rms_norm_case(device, KS_DT_BF16, 37, 4096, 0, 0, 0.0);     /* aligned variant, two-pass, 8 warps */
   rms_norm_case(device, KS_DT_BF16, 37, 4096, 0, 1, 1.0);     /* Gemma's (1 + w) */
   rms_norm_case(device, KS_DT_BF16, 37, 4096, 1, 0, 0.0);     /* fused add */
   rms_norm_case(device, KS_DT_F32, 5, 1000, 1, 0, 0.0);       /* unaligned variant */
   rms_norm_case(device, KS_DT_BF16, 3, 40000, 0, 0, 0.0);     /* looped kernel */
-  rms_norm_case(device, KS_DT_BF16, 1, 4096, 0, 0, 0.0);      /* the fallback variant (no exact one for M = 1) */
+  rms_norm_case(device, KS_DT_BF16, 1, 4096, 1, 0, 0.0);      /* the fallback variant (no exact one for M = 1) */
   silu_and_mul_case(device, KS_DT_BF16, 37, 1024);
   silu_and_mul_case(device, KS_DT_F32, 5, 1000);
   silu_and_mul_case(device, KS_DT_BF16, 1, 14336);

@@ -23,7 +23,8 @@ def _norm_cases(which: str) -> list[dict]:
                 dict(base, n=140000, x="bf16", res=True),  # split kernel (rows of 131072 and wider), 18 per row
                 dict(base, n=140000, x="fp32", rms=False, bias=True, stats=True, gemma=True),  # split LayerNorm
                 # the fallback (align16) variant, which the smoke program runs: no exact variant has M = 1
-                dict(base, m=1, n=4096, x="bf16", generic=True),
+                # (fused add: plain RMSNorm's two-pass kernel takes no M, so its exact variant would serve)
+                dict(base, m=1, n=4096, x="bf16", res=True, generic=True),
                 # GPU checks: x and y 256 MB each
                 dict(base, m=32768, n=4096, x="bf16", gpu="rms_norm"),
                 dict(base, m=512, n=262144, x="bf16", gpu="rms_norm_wide"),  # the split kernel
@@ -113,6 +114,7 @@ NORM_FWD = Op(
     doc="rms_norm / fused_add_rms_norm / layer_norm forward: y = norm(x [+ r]) * (offset + w) [+ b]",
     kernels=[KernelRef("kernelset.ops.norm.kernels", "_norm_fwd_kernel",
                        ("N", "stride_x", "stride_r", "stride_y", "stride_h")),
+             KernelRef("kernelset.ops.norm.kernels", "_rms_fwd_two_pass_kernel", ("N", "stride_x", "stride_y")),
              KernelRef("kernelset.ops.norm.kernels", "_norm_fwd_looped_kernel",
                        ("N", "stride_x", "stride_r", "stride_y", "stride_h")),
              KernelRef("kernelset.ops.rowsync", "_rowsync_zero_kernel", ()),
@@ -136,7 +138,7 @@ NORM_FWD = Op(
   if (!is_rms && (MEAN == NULL) != (RSTD == NULL)) return ks_gen_invalid(err, errlen, "norm_fwd: LayerNorm stats need MEAN and RSTD");
   if (M == 0) return KS_OK;
   ks_pol_norm_fwd_t p;
-  if (ks_pol_norm_fwd(M, N, sms, &p)) return ks_gen_policy_failed(err, errlen, "fwd_policy");
+  if (ks_pol_norm_fwd(M, N, sms, is_rms && R == NULL, &p)) return ks_gen_policy_failed(err, errlen, "fwd_policy");
   if (p.looped) {
     ks_pol_norm_fwd_split_t sp;
     if (ks_pol_norm_fwd_split(N, sms, &sp)) return ks_gen_policy_failed(err, errlen, "fwd_split_policy");
@@ -159,10 +161,14 @@ NORM_FWD = Op(
         X, x_dtype, R, x_dtype, W, w_dtype, B, w_dtype, Y, x_dtype, H, x_dtype, MEAN, KS_DT_F32, RSTD, KS_DT_F32,
         M, N, stride_x, stride_r, stride_y, stride_h, eps, offset,
         is_rms, R != NULL, W != NULL, B != NULL, gemma_cast, RSTD != NULL, p.block_n);
+  if (p.two_pass)
+    return ks_k_rms_fwd_two_pass_kernel(plan, err, errlen, p.grid, 1, 1, p.num_warps, -1, 1,
+        X, x_dtype, W, w_dtype, Y, x_dtype, RSTD, KS_DT_F32, N, stride_x, stride_y, eps, offset,
+        W != NULL, gemma_cast, RSTD != NULL, p.block_n, N % p.block_n == 0);
   return ks_k_norm_fwd_kernel(plan, err, errlen, p.grid, 1, 1, p.num_warps, -1, 1,
       X, x_dtype, R, x_dtype, W, w_dtype, B, w_dtype, Y, x_dtype, H, x_dtype, MEAN, KS_DT_F32, RSTD, KS_DT_F32,
       M, N, stride_x, stride_r, stride_y, stride_h, eps, offset,
-      is_rms, R != NULL, W != NULL, B != NULL, gemma_cast, RSTD != NULL, p.rows, p.block_n);
+      is_rms, R != NULL, W != NULL, B != NULL, gemma_cast, RSTD != NULL, p.rows, p.block_n, N == p.block_n);
 """,
     cases=_norm_cases,
     python=_norm_python,

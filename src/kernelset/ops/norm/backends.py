@@ -207,7 +207,7 @@ def _kernels(p: Problem) -> str:
     if fsp.split:
         fwd = f"split forward ({fsp.split} programs of {fsp.chunk} columns per row)"
     else:
-        fwd = "looped forward" if pol.fwd_policy(1, n, sms, t).looped else "block forward"
+        fwd = "looped forward" if pol.fwd_policy(1, n, sms, p.op == "rms_norm", t).looped else "block forward"
     bsp, rows = pol.bwd_split_policy(n, sms, t)
     if bsp.split:
         per = pol.bwd_split_blocks(rows, t)

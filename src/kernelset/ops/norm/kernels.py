@@ -25,34 +25,69 @@ from .. import rowsync
 
 
 @triton.jit
+def _block_ptrs(P, pid, rows, stride, cols, ROWS: tl.constexpr):
+    # [ROWS, BLOCK_N] pointers of a block kernel's rows: one scalar int64 row base and int32
+    # column offsets for a single row, int64 offsets per element for several
+    if ROWS == 1:
+        ptrs = (P + pid * stride) + cols[None, :]
+    else:
+        ptrs = P + rows[:, None] * stride + cols[None, :]
+    return ptrs
+
+
+@triton.jit
 def _norm_fwd_kernel(X, R, W, B, Y, H, MEAN, RSTD, M, N, stride_x, stride_r, stride_y, stride_h, eps, offset,
                      IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                      HAS_BIAS: tl.constexpr, GEMMA_CAST: tl.constexpr, STORE_STATS: tl.constexpr,
-                     ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+                     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr):
+    # EVEN: N == BLOCK_N, no column mask (LayerNorm's centred values need no zeroing either).
+    # One row per program (every block of 2048 and wider): the row's base is one scalar int64
+    # pointer and the columns int32 offsets; several rows: int64 offsets per element. H200
+    # (scripts/norm_fwd_probe.py, session 19): LayerNorm 16384x8192 86.7 -> 95.6% of copy.
     pid = tl.program_id(0).to(tl.int64)
-    rows = pid * ROWS + tl.arange(0, ROWS).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
-    rmask = rows < M
     cmask = cols < N
-    mask = rmask[:, None] & cmask[None, :]
-    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    if ROWS == 1:  # the grid has one program per row: no row mask
+        rows = pid + tl.zeros([1], tl.int64)
+        mask = cmask[None, :]
+    else:
+        rows = pid * ROWS + tl.arange(0, ROWS).to(tl.int64)
+        mask = (rows < M)[:, None] & cmask[None, :]
+    rmask = rows < M
+    xp = _block_ptrs(X, pid, rows, stride_x, cols, ROWS)
+    if EVEN and ROWS == 1:
+        x = tl.load(xp)
+        if HAS_RESIDUAL:
+            r = tl.load(_block_ptrs(R, pid, rows, stride_r, cols, ROWS))
+    else:
+        x = tl.load(xp, mask=mask, other=0.0)
+        if HAS_RESIDUAL:
+            r = tl.load(_block_ptrs(R, pid, rows, stride_r, cols, ROWS), mask=mask, other=0.0)
     if HAS_RESIDUAL:
-        r = tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
         # h is rounded to the storage dtype, exactly as torch's x + residual is
         x = (x.to(tl.float32) + r.to(tl.float32)).to(H.dtype.element_ty)
-        tl.store(H + rows[:, None] * stride_h + cols[None, :], x, mask=mask)
+        if EVEN and ROWS == 1:
+            tl.store(_block_ptrs(H, pid, rows, stride_h, cols, ROWS), x)
+        else:
+            tl.store(_block_ptrs(H, pid, rows, stride_h, cols, ROWS), x, mask=mask)
     xf = x.to(tl.float32)
     if IS_RMS:
         var = tl.sum(xf * xf, axis=1) / N
         xc = xf
     else:
         mean = tl.sum(xf, axis=1) / N
-        xc = tl.where(mask, xf - mean[:, None], 0.0)
+        if EVEN and ROWS == 1:
+            xc = xf - mean[:, None]
+        else:
+            xc = tl.where(cmask[None, :], xf - mean[:, None], 0.0)
         var = tl.sum(xc * xc, axis=1) / N
     rstd = tl.rsqrt(var + eps)
     xn = xc * rstd[:, None]
     if HAS_WEIGHT:
-        w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32) + offset
+        if EVEN:
+            w = tl.load(W + cols).to(tl.float32) + offset
+        else:
+            w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32) + offset
         if GEMMA_CAST:
             y = xn * w[None, :]
         else:  # Llama: round the normalized value first, then scale
@@ -60,12 +95,65 @@ def _norm_fwd_kernel(X, R, W, B, Y, H, MEAN, RSTD, M, N, stride_x, stride_r, str
     else:
         y = xn
     if HAS_BIAS:
-        y += tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+        if EVEN:
+            y += tl.load(B + cols).to(tl.float32)[None, :]
+        else:
+            y += tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    if EVEN and ROWS == 1:
+        tl.store(_block_ptrs(Y, pid, rows, stride_y, cols, ROWS), y.to(Y.dtype.element_ty))
+    else:
+        tl.store(_block_ptrs(Y, pid, rows, stride_y, cols, ROWS), y.to(Y.dtype.element_ty), mask=mask)
     if STORE_STATS:
         tl.store(RSTD + rows, rstd, mask=rmask)
         if not IS_RMS:
             tl.store(MEAN + rows, mean, mask=rmask)
+
+
+@triton.jit
+def _rms_fwd_two_pass_kernel(X, W, Y, RSTD, N, stride_x, stride_y, eps, offset, HAS_WEIGHT: tl.constexpr,
+                             GEMMA_CAST: tl.constexpr, STORE_STATS: tl.constexpr, CHUNK: tl.constexpr,
+                             EVEN: tl.constexpr):
+    # Plain RMSNorm, one row per program, rows of 2-8K: pass 1 sums x^2 over CHUNK-wide slices
+    # (kept in L2: evict_last), pass 2 reads them again (evict_first) and writes y. Few
+    # registers, so more programs and loads in flight per SM than the block kernel's (the row
+    # in registers): on the H200 98% of copy against 96%. EVEN: N % CHUNK == 0, no masks.
+    row = tl.program_id(0).to(tl.int64)
+    xp = X + row * stride_x
+    yp = Y + row * stride_y
+    cols = tl.arange(0, CHUNK)
+    acc = tl.zeros([CHUNK], dtype=tl.float32)
+    for start in range(0, N, CHUNK):
+        if EVEN:
+            x = tl.load(xp + start + cols, eviction_policy="evict_last")
+        else:
+            x = tl.load(xp + start + cols, mask=start + cols < N, other=0.0, eviction_policy="evict_last")
+        xf = x.to(tl.float32)
+        acc += xf * xf
+    rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
+    for start in range(0, N, CHUNK):
+        m = start + cols < N
+        if EVEN:
+            x = tl.load(xp + start + cols, eviction_policy="evict_first")
+        else:
+            x = tl.load(xp + start + cols, mask=m, other=0.0, eviction_policy="evict_first")
+        xn = x.to(tl.float32) * rstd
+        if HAS_WEIGHT:
+            if EVEN:
+                w = tl.load(W + start + cols, eviction_policy="evict_last").to(tl.float32) + offset
+            else:
+                w = tl.load(W + start + cols, mask=m, other=0.0, eviction_policy="evict_last").to(tl.float32) + offset
+            if GEMMA_CAST:
+                y = xn * w
+            else:  # Llama: round the normalized value first, then scale
+                y = xn.to(Y.dtype.element_ty).to(tl.float32) * w
+        else:
+            y = xn
+        if EVEN:
+            tl.store(yp + start + cols, y.to(Y.dtype.element_ty))
+        else:
+            tl.store(yp + start + cols, y.to(Y.dtype.element_ty), mask=m)
+    if STORE_STATS:
+        tl.store(RSTD + row, rstd)
 
 
 @triton.jit

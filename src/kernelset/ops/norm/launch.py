@@ -13,13 +13,15 @@ from ...core.checks import row_stride
 from ..rowsync import launches
 from ..triton_launch import FastKernel
 from .kernels import (_norm_bwd_dwdb_kernel, _norm_bwd_kernel, _norm_bwd_looped_kernel, _norm_bwd_split_kernel,
-                      _norm_fwd_kernel, _norm_fwd_looped_kernel, _norm_fwd_split_kernel, _rms_fwd_torch_order_kernel)
+                      _norm_fwd_kernel, _norm_fwd_looped_kernel, _norm_fwd_split_kernel, _rms_fwd_torch_order_kernel,
+                      _rms_fwd_two_pass_kernel)
 from .policy import NormTuning, active, bwd_policy, bwd_split_per_prog, bwd_split_policy, fwd_policy, fwd_split_policy
 from .reference import torch_cuda_mean_factor, torch_cuda_mean_lanes
 
 _fwd = FastKernel(_norm_fwd_kernel)
 _fwd_looped = FastKernel(_norm_fwd_looped_kernel)
 _fwd_split = FastKernel(_norm_fwd_split_kernel)
+_fwd_two_pass = FastKernel(_rms_fwd_two_pass_kernel)
 _bwd = FastKernel(_norm_bwd_kernel)
 _bwd_looped = FastKernel(_norm_bwd_looped_kernel)
 _bwd_dwdb = FastKernel(_norm_bwd_dwdb_kernel)
@@ -52,7 +54,7 @@ def norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
         return y, h, mean, rstd
     tuning = tuning or active()
     sms = sm_count(dev)
-    p = fwd_policy(m, n, sms, tuning)
+    p = fwd_policy(m, n, sms, is_rms and residual is None, tuning)
     # Unused pointers are passed as None: Triton specializes them away, and each tensor argument
     # costs host time at launch.
     sx = row_stride(x)
@@ -72,11 +74,15 @@ def norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
                     IS_RMS=is_rms, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
                     HAS_BIAS=bias is not None, GEMMA_CAST=gemma_cast, STORE_STATS=stats, BLOCK_N=p.block_n,
                     num_warps=p.num_warps)
+    elif p.two_pass:
+        _fwd_two_pass((p.grid,), x, weight, y, rstd, n, sx, sy, eps, offset, HAS_WEIGHT=weight is not None,
+                      GEMMA_CAST=gemma_cast, STORE_STATS=stats, CHUNK=p.block_n, EVEN=n % p.block_n == 0,
+                      num_warps=p.num_warps)
     else:
         _fwd((p.grid,), x, residual, weight, bias, y, h, mean, rstd, m, n, sx, sr, sy, sh, eps, offset,
              IS_RMS=is_rms, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
              HAS_BIAS=bias is not None, GEMMA_CAST=gemma_cast, STORE_STATS=stats, ROWS=p.rows, BLOCK_N=p.block_n,
-             num_warps=p.num_warps)
+             EVEN=n == p.block_n, num_warps=p.num_warps)
     return y, h, mean, rstd
 
 

@@ -19,7 +19,23 @@ class NormTuning:
     fwd_tile: int = 2048  # rows per program are added until a program covers this many elements
     bwd_tile: int = 8192  # rows per backward program grow until this many elements (2 at N=4096;
     # measured equal to 1 row on H100, docs/benchmarks/2026-11-22-h100/bwd_tile.log)
-    fwd_elems_per_thread: int = 16  # fixes num_warps: tile / (32 * this)
+    # fixes num_warps: tile / (32 * this), at most fwd_max_warps. Session 19
+    # (scripts/norm_fwd_probe.py): 32 and 16 warps at most give, at 16384x8192 / 32768x4096 /
+    # 8192x16384, LayerNorm 97.4 / 97.4 / 97.7% of copy on the H100 and 96.1 / 95.1 / 92.4% on the
+    # H200, against 98.3 / 98.3 / 73.7% and 90.6 / 95.2 / 57.5% with 16 (32 warps at 16384 wide)
+    fwd_elems_per_thread: int = 32
+    fwd_max_warps: int = 16
+    # plain RMSNorm rows of next power of two in [rms_two_pass_from, rms_two_pass_to] take the
+    # two-pass forward (``_rms_fwd_two_pass_kernel``: chunks of half the row, the second pass
+    # finding the row in L2), rms_two_pass_elems_per_thread per chunk: the block kernel holds
+    # the whole row in registers, and on the H200 fewer loads stay in flight. Session 19
+    # (scripts/norm_fwd_probe.py, runs 2-4), 32768x4096 / 16384x8192: H200 97.7-98.1 / 98.0-98.4%
+    # of copy against the block kernel's 95.7-96.0 / 96.2-96.3%; H100 98.4 / 98.2% against
+    # 98.1 / 98.6%. torch.compile runs this form; the looped forward (persistent, prefetching,
+    # pass 2 reversed) reached only 90.7 / 93.4% on the H200. 0 turns it off.
+    rms_two_pass_from: int = 4096
+    rms_two_pass_to: int = 8192
+    rms_two_pass_elems_per_thread: int = 8
     bwd_elems_per_thread: int = 8
     bwd_threads_per_sm: int = 1024  # persistent backward grid: SMs * this / threads per program (registers
     # allow 1-2 programs of 16 warps per SM; more only adds waves and partial-sum rows)
@@ -88,6 +104,7 @@ class NormLaunch:
     grid: int  # programs of the main kernel
     dwdb_grid: tuple[int, int] = (0, 0)  # looped backward: (column tiles, row groups)
     dwdb_rows_per_prog: int = 0
+    two_pass: bool = False  # plain RMSNorm's two-pass forward, one row per program in block_n chunks
 
 
 def _pow2(n: int) -> int:
@@ -99,15 +116,22 @@ def _clamp(v: int, lo: int, hi: int) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
-def fwd_policy(m: int, n: int, sms: int, t: NormTuning) -> NormLaunch:
+def fwd_policy(m: int, n: int, sms: int, plain_rms: bool, t: NormTuning) -> NormLaunch:
+    """The forward's launch for m rows of n; ``plain_rms``: RMSNorm without the residual add.
+    Which kernel and how many rows per program never depend on m: a row's reduction order is
+    then the same in any batch (batch invariance); a short batch only leaves some rows of one
+    program masked."""
     block = _pow2(n)
     if block > t.max_block_fwd:
         chunk = min(t.looped_block_fwd, block)
         return NormLaunch(True, chunk, 1, t.looped_warps_fwd, min(m, t.looped_programs_per_sm * sms))
-    # rows per program never depend on m: a row's reduction order is then the same in any batch
-    # (batch invariance); a short batch only leaves some rows of one program masked
+    if plain_rms:
+        if t.rms_two_pass_from > 0 and t.rms_two_pass_from <= block and block <= t.rms_two_pass_to:
+            chunk = block // 2
+            warps = _clamp(chunk // (32 * t.rms_two_pass_elems_per_thread), 1, 32)
+            return NormLaunch(False, chunk, 1, _pow2(warps), m, (0, 0), 0, True)
     rows = _clamp(t.fwd_tile // block, 1, 64)
-    warps = _clamp(rows * block // (32 * t.fwd_elems_per_thread), 1, 32)
+    warps = _clamp(rows * block // (32 * t.fwd_elems_per_thread), 1, t.fwd_max_warps)
     return NormLaunch(False, block, rows, _pow2(warps), -(-m // rows))
 
 
