@@ -51,7 +51,7 @@ def main():
         y = torch.empty_like(x)
         pct = lambda ms: 100 * 4 * m * n / ms / 1e6 / copy  # noqa: E731
         ms = cuda_time_ms(lambda: norm_fwd(x, w, None, eps=1e-6, is_rms=True, gemma_cast=False, stats=False))
-        print(f"{m}x{n} current policy {policy.fwd_policy(m, n, sms, policy.active())}: {pct(ms):.1f}%")
+        print(f"{m}x{n} current policy {policy.fwd_policy(m, n, sms, True, policy.active())}: {pct(ms):.1f}%")
         for warps in (4, 8, 16):
             ms = cuda_time_ms(lambda: _rms_row_kernel[(m,)](x, w, y, n, n, 1e-6, BLOCK_N=n, num_warps=warps))
             print(f"   1-D row kernel, {warps} warps: {pct(ms):.1f}%")
@@ -68,7 +68,7 @@ def main():
     w = torch.randn(4096, dtype=torch.bfloat16, device=dev)
     y = torch.empty_like(x)
     impl = dispatch.select("rms_norm", "auto", (x, w), {})
-    p = policy.fwd_policy(1, 4096, sms, policy.active())
+    p = policy.fwd_policy(1, 4096, sms, True, policy.active())
 
     per_call = host_us_per_call
 

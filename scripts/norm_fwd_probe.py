@@ -14,7 +14,9 @@ for plain RMSNorm of 2049-8192, ``EVEN`` block kernels, 32 elements per thread, 
 ``--dump`` also writes inductor's source under $OUT (or bench-out/) and prints the compiled
 peer's launches (grid, block, registers from the profiler).
 
-Usage: python scripts/norm_fwd_probe.py [--dump]
+``--two-pass``: the shipped two-pass kernel by launch path against a copy of the loop.
+
+Usage: python scripts/norm_fwd_probe.py [--dump | --two-pass]
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import sys
 
 import torch
 import triton
+import triton.language as tl
 
 from kernelset.bench.timing import copy_bandwidth_gbs, cuda_time_ms
 
@@ -61,6 +64,61 @@ def peer_launches(fn, args) -> list[str]:
                 out.append(f"  {e['name'][:60]:60s} grid {a.get('grid')} block {a.get('block')} "
                            f"regs {a.get('registers per thread')} smem {a.get('shared memory')}")
     return out
+
+
+@triton.jit
+def _loop_copy(X, W, Y, N, stride_x, stride_y, eps, offset, CHUNK: tl.constexpr, OFFSET: tl.constexpr):
+    # the first probe's copy of torch.compile's loop (runs 2-4), OFFSET adds Gemma's offset as
+    # the shipped kernel does
+    row = tl.program_id(0).to(tl.int64)
+    xp = X + row * stride_x
+    yp = Y + row * stride_y
+    cols = tl.arange(0, CHUNK)
+    acc = tl.zeros([CHUNK], tl.float32)
+    for start in range(0, N, CHUNK):
+        x = tl.load(xp + start + cols, eviction_policy="evict_last").to(tl.float32)
+        acc += x * x
+    rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
+    for start in range(0, N, CHUNK):
+        x = tl.load(xp + start + cols, eviction_policy="evict_first").to(tl.float32)
+        w = tl.load(W + start + cols, eviction_policy="evict_last").to(tl.float32)
+        if OFFSET:
+            w = w + offset
+        tl.store(yp + start + cols, ((x * rstd).to(Y.dtype.element_ty).to(tl.float32) * w).to(Y.dtype.element_ty))
+
+
+def two_pass_check() -> int:
+    """The shipped two-pass kernel at 16384x8192 against the probe's copy of the loop, by launch
+    path: ks.rms_norm, FastKernel with a preallocated y, Triton's own launch, the copy."""
+    from kernelset.ops.norm import launch, policy
+    from kernelset.ops.norm.kernels import _rms_fwd_two_pass_kernel
+    import kernelset as ks
+    dev = torch.device("cuda")
+    copy = copy_bandwidth_gbs(dev)
+    print(f"{torch.cuda.get_device_name()}  copy {copy:.0f} GB/s  torch {torch.__version__} triton {triton.__version__}")
+    for m, n in ((16384, 8192), (32768, 4096)):
+        x = torch.randn(m, n, dtype=torch.bfloat16, device=dev)
+        w = (1 + 0.1 * torch.randn(n, device=dev)).to(torch.bfloat16)
+        y = torch.empty_like(x)
+        pct = lambda ms: (2 * x.numel() * 2 + 2 * n) / ms / 1e6 / copy * 100  # noqa: E731
+        p = policy.fwd_policy(m, n, 132, True, policy.DEFAULT_TUNING)
+        args = (x, w, y, None, n, n, n, EPS, 0.0)
+        kw = dict(HAS_WEIGHT=True, GEMMA_CAST=False, STORE_STATS=False, CHUNK=p.block_n, EVEN=True, HAS_OFFSET=False)
+        rows = [
+            ("ks.rms_norm", lambda: ks.rms_norm(x, w, eps=EPS, backend="triton")),
+            ("FastKernel, y preallocated", lambda: launch._fwd_two_pass((m,), *args, **kw, num_warps=p.num_warps)),
+            ("Triton launch", lambda: _rms_fwd_two_pass_kernel[(m,)](*args, **kw, num_warps=p.num_warps)),
+            ("loop copy", lambda: _loop_copy[(m,)](x, w, y, n, n, n, EPS, 0.0, CHUNK=p.block_n, OFFSET=False,
+                                                   num_warps=p.num_warps)),
+            ("loop copy + offset", lambda: _loop_copy[(m,)](x, w, y, n, n, n, EPS, 0.0, CHUNK=p.block_n, OFFSET=True,
+                                                            num_warps=p.num_warps)),
+        ]
+        print(f"\n== rms fwd {m}x{n}, {p}")
+        for _ in range(2):  # twice, interleaved: order effects show
+            for label, fn in rows:
+                print(f"  {pct(cuda_time_ms(fn)):5.1f}%  {label}")
+        sys.stdout.flush()
+    return 0
 
 
 def main() -> int:
@@ -125,4 +183,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(two_pass_check() if "--two-pass" in sys.argv else main())

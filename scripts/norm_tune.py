@@ -57,7 +57,7 @@ def main() -> int:
         w = torch.randn(n, dtype=torch.bfloat16, device=dev)
         rows = []
         for t in fwd_space:
-            p = policy.fwd_policy(m, n, 132, t)
+            p = policy.fwd_policy(m, n, 132, True, t)
             ms = cuda_time_ms(lambda: norm_fwd(x, w, None, eps=1e-6, is_rms=True, gemma_cast=False, stats=False,
                                                tuning=t), warmup=3, reps=20, min_ms=20)
             rows.append((100 * 4 * m * n / ms / 1e6 / copy, ms, p))

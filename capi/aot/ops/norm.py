@@ -164,11 +164,12 @@ NORM_FWD = Op(
   if (p.two_pass)
     return ks_k_rms_fwd_two_pass_kernel(plan, err, errlen, p.grid, 1, 1, p.num_warps, -1, 1,
         X, x_dtype, W, w_dtype, Y, x_dtype, RSTD, KS_DT_F32, N, stride_x, stride_y, eps, offset,
-        W != NULL, gemma_cast, RSTD != NULL, p.block_n, N % p.block_n == 0);
+        W != NULL, gemma_cast, RSTD != NULL, p.block_n, N % p.block_n == 0, offset != 0.0);
   return ks_k_norm_fwd_kernel(plan, err, errlen, p.grid, 1, 1, p.num_warps, -1, 1,
       X, x_dtype, R, x_dtype, W, w_dtype, B, w_dtype, Y, x_dtype, H, x_dtype, MEAN, KS_DT_F32, RSTD, KS_DT_F32,
       M, N, stride_x, stride_r, stride_y, stride_h, eps, offset,
-      is_rms, R != NULL, W != NULL, B != NULL, gemma_cast, RSTD != NULL, p.rows, p.block_n, N == p.block_n);
+      is_rms, R != NULL, W != NULL, B != NULL, gemma_cast, RSTD != NULL, p.rows, p.block_n, N == p.block_n,
+      offset != 0.0);
 """,
     cases=_norm_cases,
     python=_norm_python,

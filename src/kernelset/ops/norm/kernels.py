@@ -39,8 +39,10 @@ def _block_ptrs(P, pid, rows, stride, cols, ROWS: tl.constexpr):
 def _norm_fwd_kernel(X, R, W, B, Y, H, MEAN, RSTD, M, N, stride_x, stride_r, stride_y, stride_h, eps, offset,
                      IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                      HAS_BIAS: tl.constexpr, GEMMA_CAST: tl.constexpr, STORE_STATS: tl.constexpr,
-                     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr):
+                     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr, HAS_OFFSET: tl.constexpr):
     # EVEN: N == BLOCK_N, no column mask (LayerNorm's centred values need no zeroing either).
+    # HAS_OFFSET: offset != 0 (Gemma's 1 + w); a runtime add of 0.0 per weight element cost the
+    # two-pass kernel 4 points of copy at 16384x8192 on the H200 (norm_fwd_probe.py --two-pass).
     # One row per program (every block of 2048 and wider): the row's base is one scalar int64
     # pointer and the columns int32 offsets; several rows: int64 offsets per element. H200
     # (scripts/norm_fwd_probe.py, session 19): LayerNorm 16384x8192 86.7 -> 95.6% of copy.
@@ -85,9 +87,11 @@ def _norm_fwd_kernel(X, R, W, B, Y, H, MEAN, RSTD, M, N, stride_x, stride_r, str
     xn = xc * rstd[:, None]
     if HAS_WEIGHT:
         if EVEN:
-            w = tl.load(W + cols).to(tl.float32) + offset
+            w = tl.load(W + cols).to(tl.float32)
         else:
-            w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32) + offset
+            w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+        if HAS_OFFSET:
+            w = w + offset
         if GEMMA_CAST:
             y = xn * w[None, :]
         else:  # Llama: round the normalized value first, then scale
@@ -112,7 +116,7 @@ def _norm_fwd_kernel(X, R, W, B, Y, H, MEAN, RSTD, M, N, stride_x, stride_r, str
 @triton.jit
 def _rms_fwd_two_pass_kernel(X, W, Y, RSTD, N, stride_x, stride_y, eps, offset, HAS_WEIGHT: tl.constexpr,
                              GEMMA_CAST: tl.constexpr, STORE_STATS: tl.constexpr, CHUNK: tl.constexpr,
-                             EVEN: tl.constexpr):
+                             EVEN: tl.constexpr, HAS_OFFSET: tl.constexpr):
     # Plain RMSNorm, one row per program, rows of 2-8K: pass 1 sums x^2 over CHUNK-wide slices
     # (kept in L2: evict_last), pass 2 reads them again (evict_first) and writes y. Few
     # registers, so more programs and loads in flight per SM than the block kernel's (the row
@@ -139,9 +143,11 @@ def _rms_fwd_two_pass_kernel(X, W, Y, RSTD, N, stride_x, stride_y, eps, offset, 
         xn = x.to(tl.float32) * rstd
         if HAS_WEIGHT:
             if EVEN:
-                w = tl.load(W + start + cols, eviction_policy="evict_last").to(tl.float32) + offset
+                w = tl.load(W + start + cols, eviction_policy="evict_last").to(tl.float32)
             else:
-                w = tl.load(W + start + cols, mask=m, other=0.0, eviction_policy="evict_last").to(tl.float32) + offset
+                w = tl.load(W + start + cols, mask=m, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            if HAS_OFFSET:  # (an add of 0.0 here cost 4 points of copy at 16384x8192 on the H200)
+                w = w + offset
             if GEMMA_CAST:
                 y = xn * w
             else:  # Llama: round the normalized value first, then scale

@@ -77,12 +77,12 @@ def norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
     elif p.two_pass:
         _fwd_two_pass((p.grid,), x, weight, y, rstd, n, sx, sy, eps, offset, HAS_WEIGHT=weight is not None,
                       GEMMA_CAST=gemma_cast, STORE_STATS=stats, CHUNK=p.block_n, EVEN=n % p.block_n == 0,
-                      num_warps=p.num_warps)
+                      HAS_OFFSET=offset != 0.0, num_warps=p.num_warps)
     else:
         _fwd((p.grid,), x, residual, weight, bias, y, h, mean, rstd, m, n, sx, sr, sy, sh, eps, offset,
              IS_RMS=is_rms, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
              HAS_BIAS=bias is not None, GEMMA_CAST=gemma_cast, STORE_STATS=stats, ROWS=p.rows, BLOCK_N=p.block_n,
-             EVEN=n == p.block_n, num_warps=p.num_warps)
+             EVEN=n == p.block_n, HAS_OFFSET=offset != 0.0, num_warps=p.num_warps)
     return y, h, mean, rstd
 
 
