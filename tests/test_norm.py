@@ -427,6 +427,9 @@ def test_explain_names_the_kernels_of_the_row_width(device):
         return str(ks.explain(op, torch.randn(2, n, dtype=torch.bfloat16, device=device), *params, backend="triton"))
     exp = explain("rms_norm", 8, torch.randn(8, dtype=torch.bfloat16, device=device))
     assert "kernels: block forward; block backward" in exp, exp
+    exp = explain("rms_norm", 4096, torch.randn(4096, dtype=torch.bfloat16, device=device))
+    assert "kernels: two-pass forward (2048-column chunks); block backward" in exp, exp
+    assert "kernels: block forward;" in explain("layer_norm", 4096, None, None)
     wide = 65536
     exp = explain("rms_norm", wide, torch.randn(wide, dtype=torch.bfloat16, device=device))
     assert "looped forward; split backward (tiles of" in exp, exp

@@ -207,7 +207,9 @@ def _kernels(p: Problem) -> str:
     if fsp.split:
         fwd = f"split forward ({fsp.split} programs of {fsp.chunk} columns per row)"
     else:
-        fwd = "looped forward" if pol.fwd_policy(1, n, sms, p.op == "rms_norm", t).looped else "block forward"
+        fp = pol.fwd_policy(1, n, sms, p.op == "rms_norm", t)
+        fwd = "looped forward" if fp.looped else (f"two-pass forward ({fp.block_n}-column chunks)" if fp.two_pass
+                                                  else "block forward")
     bsp, rows = pol.bwd_split_policy(n, sms, t)
     if bsp.split:
         per = pol.bwd_split_blocks(rows, t)

@@ -135,10 +135,10 @@ def _rms_fwd_two_pass_kernel(X, W, Y, RSTD, N, stride_x, stride_y, eps, offset, 
         acc += xf * xf
     rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
     for start in range(0, N, CHUNK):
-        m = start + cols < N
         if EVEN:
             x = tl.load(xp + start + cols, eviction_policy="evict_first")
         else:
+            m = start + cols < N
             x = tl.load(xp + start + cols, mask=m, other=0.0, eviction_policy="evict_first")
         xn = x.to(tl.float32) * rstd
         if HAS_WEIGHT:
