@@ -474,7 +474,8 @@ def test_translated_policies_equal_python(plans):
             check("ks_pol_copy", kv.copy_policy, m, i)
     for h, d in itertools.product(range(1, 200), (1, 3, 64, 80, 96, 128, 192, 256, 512, 4096)):
         check("ks_pol_cache", kv.cache_policy, h, d)
-        check("ks_pol_rope_fwd", rope.rope_fwd_policy, 7, h, d // 2)
+        for hk in (0, 1, h // 4, h):
+            check("ks_pol_rope_fwd", rope.rope_fwd_policy, 7, h, hk, d // 2)
         for half, norm_ in ((d // 2, 0), (d // 4, 1), (d // 2, 1)):
             check("ks_pol_rope_ext", rope.ext_tiles, h, d, half, norm_)
         check("ks_pol_merge", attn.merge_policy, h * 7, d)

@@ -79,6 +79,24 @@ def test_q_slice_of_fused_qkv_and_no_k(backend, device):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("hq,hk,d", [(40, 5, 64), (3, 3, 128), (72, 8, 32)], ids=["40-5", "3-3", "72-8"])
+def test_q_and_k_slices_of_fused_qkv(backend, hq, hk, d, device):
+    """q and k rotate in one launch with tiles sized to each: odd head counts (masked blocks),
+    more than one q block per token, both with the qkv buffer's token stride, v untouched."""
+    t = 6
+    qkv = torch.randn(t, (hq + 2 * hk) * d, device=device, dtype=torch.bfloat16)
+    ref = qkv.clone()
+    cache = _cache(32, d, device=device)
+    pos = torch.randint(0, 32, (t,), device=device)
+    q, k = qkv[:, : hq * d], qkv[:, hq * d: (hq + hk) * d]
+    ks.rotary_embedding(pos, q, k, cache, head_size=d, backend=backend)
+    for lo, h in ((0, hq), (hq * d, hk)):
+        want = _hf_rotate(ref[:, lo: lo + h * d].view(t, h, d), pos, cache, False).view(t, -1)
+        assert rel_err(qkv[:, lo: lo + h * d], want) <= tolerance("elementwise", torch.bfloat16)
+    assert torch.equal(qkv[:, (hq + hk) * d:], ref[:, (hq + hk) * d:]), "v untouched"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("layout", ["strided", "expanded"])
 def test_strided_positions(backend, layout, device):
     # positions that are a view (every other element of a buffer, or one position broadcast) are
@@ -199,6 +217,31 @@ def test_apply_rotary(backend, dtype, case, interleaved, device):
     assert torch.equal(qo[..., rot:], q.detach()[..., rot:])
 
 
+def test_apply_rotary_int64_offsets_same_bits(monkeypatch, device):
+    """The int64 head-offset form (taken past 2^31 elements) gives the int32 form's bits."""
+    from kernelset.ops.rope import launch
+    if "triton" not in [str(i.backend) for i in impls("apply_rotary")]:
+        pytest.skip("no Triton implementation here")
+    b, hq, hk, s, d = 2, 6, 2, 5, 64
+    cos, sin = _hf_tables(b, s, d, False, True, device)
+    q = torch.randn(b, hq, s, d, device=device, dtype=torch.bfloat16)
+    k = torch.randn(b, hk, s, d, device=device, dtype=torch.bfloat16)
+    want = ks.apply_rotary(q, k, cos, sin, backend="triton")
+    monkeypatch.setattr(launch, "_INT32_SPAN", 0)
+    got = ks.apply_rotary(q, k, cos, sin, backend="triton")
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_apply_rotary_tiles_fit_each_tensor():
+    from kernelset.ops.rope.launch import rope_apply_policy
+    p = rope_apply_policy(32, 8, 64)  # Llama-3-8B: q 16 heads per program, k 8 (none masked)
+    assert (p.block_h1, p.block_h2, p.nb1, p.nb2, p.num_warps) == (16, 8, 2, 1, 4)
+    p = rope_apply_policy(80, 8, 32)
+    assert (p.block_h1, p.block_h2, p.nb1, p.nb2) == (32, 8, 3, 1)
+    p = rope_apply_policy(8, 1, 128)  # D 256: 8 heads make the 1024 pairs
+    assert (p.block_h1, p.block_h2, p.nb1, p.nb2) == (8, 1, 1, 1)
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(unsqueeze_dim=3), "unsqueeze_dim"),
     (dict(rotary_dim=32), "rotary_dim"),
@@ -254,13 +297,14 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from kernelset.ops.rope import kernels as K
-sig = dict(POS="*i64", X="*bf16", CACHE="*fp32", H="i32", max_pos="i32", stride_t="i32", stride_c="i32")
+sig = dict(POS="*i64", Q="*bf16", K="*bf16", CACHE="*fp32", HQ="i32", HK="i32", NB1="i32", NB="i32", max_pos="i32",
+           stride_qt="i32", stride_kt="i32", stride_c="i32")
 out = []
-# the launcher's tiles for 32 heads: (head size, rotary dim / 2, GPT-J pairs, heads per program)
+# the launcher's tiles for 32 q / 8 k heads: (head size, rotary dim / 2, GPT-J pairs, q heads per program)
 for d, half, inter, bh in ((128, 64, False, 32), (128, 64, True, 32), (80, 16, False, 32)):
-    consts = dict(D=d, HALF=half, INTERLEAVED=inter, BLOCK_H=bh, BLOCK_R=half)
+    consts = dict(D=d, HALF=half, INTERLEAVED=inter, BLOCK_H1=bh, BLOCK_H2=8, BLOCK_R=half)
     attrs = {(k,): [["tt.divisibility", 16]] for k, (n, ty) in enumerate(sig.items())
-             if ty.startswith("*") or n in ("stride_t", "stride_c")}
+             if ty.startswith("*") or n in ("stride_qt", "stride_kt", "stride_c")}
     src = ASTSource(K._rope_fwd_kernel, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
                     attrs=attrs)
     warps = 4 if bh * half >= 1024 else 2
@@ -274,7 +318,7 @@ asig = dict(X1="*bf16", Y1="*bf16", X2="*bf16", Y2="*bf16", COS="*fp32", SIN="*f
             sxs2="i32", sxh2="i32", syb2="i32", sys2="i32", syh2="i32", scb="i32", scs="i32", ssb="i32",
             sss="i32", sign="fp32")
 for inter in (False, True):
-    consts = dict(HALF=64, INTERLEAVED=inter, BLOCK_H=32, BLOCK_R=64)
+    consts = dict(HALF=64, INTERLEAVED=inter, BLOCK_H1=16, BLOCK_H2=8, BLOCK_R=64, WIDE=False)
     attrs = {(k,): [["tt.divisibility", 16]] for k, (n, ty) in enumerate(asig.items())
              if ty.startswith("*") or n.startswith("s") and n not in ("S", "sign")}
     src = ASTSource(K._rope_apply_kernel, signature={**asig, **{k: "constexpr" for k in consts}}, constexprs=consts,

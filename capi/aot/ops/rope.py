@@ -1,4 +1,4 @@
-"""rotary_embedding (_rope_fwd_kernel), mrope and qk_norm_rope (_rope_ext_fwd_kernel)."""
+"""rotary_embedding (_rope_fwd_kernel: q and k in one launch), mrope and qk_norm_rope (_rope_ext_fwd_kernel)."""
 from __future__ import annotations
 
 import itertools
@@ -19,12 +19,13 @@ def _rope_cases(which: str) -> list[dict]:
         out = []
         for d, rot in ((64, 64), (80, 80), (96, 96), (128, 128), (128, 64), (256, 256), (256, 128)):
             block_r = 1 << max(0, (rot // 2 - 1).bit_length())
-            hs = pow2s(1, max(1, 2048 // block_r))  # block_h = min(pow2(h), 2048 // block_r)
-            for dt, cache, pos, inter, h in itertools.product(("fp32", "fp16", "bf16"), ("same", "fp32"), ("i32", "i64"),
-                                                              (False, True), hs):
+            hs = pow2s(1, max(1, 2048 // block_r))  # block_h = min(pow2(h), 2048 // block_r), per tensor
+            heads = [(h, hk) for h in hs for hk in [None] + [x for x in hs if x <= h]]  # k no wider than q
+            for dt, cache, pos, inter, (h, hk) in itertools.product(("fp32", "fp16", "bf16"), ("same", "fp32"),
+                                                                    ("i32", "i64"), (False, True), heads):
                 if dt == "fp32" and cache == "fp32":
                     continue
-                out.append(dict(base, t=1, hq=h, hk=None, d=d, rot=rot, dtype=dt, cache=dt if cache == "same" else cache,
+                out.append(dict(base, t=1, hq=h, hk=hk, d=d, rot=rot, dtype=dt, cache=dt if cache == "same" else cache,
                                 pos=pos, interleaved=inter))
         return out
     if which == "release":  # ops/models.py: each known model's heads and rotary dims (MLA: q_pe/k_pe, GPT-J pairs)
@@ -70,29 +71,25 @@ ROPE_FWD = Op(
     name="rope_fwd",
     launcher="kernelset.ops.rope.launch.rope_fwd",
     doc="rotary_embedding in place on q [T, Hq*D] (token stride stride_qt) and k (or NULL); cache [max_pos, cache_cols]",
-    kernels=[KernelRef("kernelset.ops.rope.kernels", "_rope_fwd_kernel", ("stride_t", "stride_c"))],
+    kernels=[KernelRef("kernelset.ops.rope.kernels", "_rope_fwd_kernel", ("stride_qt", "stride_kt", "stride_c"))],
     policies=[PolicyRef("kernelset.ops.rope.launch", "rope_fwd_policy", "ks_pol_rope_fwd")],
     c_params=[("int32_t", "pos_dtype"), ("int32_t", "x_dtype"), ("int32_t", "cache_dtype"), ("const void *", "POS"),
               ("void *", "Q"), ("void *", "K"), ("const void *", "CACHE"), ("int64_t", "T"), ("int64_t", "q_heads"),
               ("int64_t", "k_heads"), ("int64_t", "max_pos"), ("int64_t", "stride_qt"), ("int64_t", "stride_kt"),
               ("int64_t", "stride_c"), ("int64_t", "head_size"), ("int64_t", "cache_cols"), ("int", "interleaved")],
     c_body=r"""
-  /* kernelset.ops.rope.launch.rope_fwd: one launch for q, then one for k (skipped when NULL) */
+  /* kernelset.ops.rope.launch.rope_fwd: q and k in one launch (k's blocks empty when K is NULL
+     or has no heads, q standing in for its pointer) */
   int e = 0;
   const int64_t half = ks_pol_floordiv(cache_cols, 2, &e);
-  void *xs[2] = {Q, K};
-  const int64_t heads[2] = {q_heads, k_heads};
-  const int64_t strides[2] = {stride_qt, stride_kt};
-  for (int j = 0; j < 2; j++) {
-    if (xs[j] == NULL || T == 0) continue;
-    ks_pol_rope_fwd_t p;
-    if (ks_pol_rope_fwd(T, heads[j], half, &p)) return ks_gen_policy_failed(err, errlen, "rope_fwd_policy");
-    ks_status_t s = ks_k_rope_fwd_kernel(plan, err, errlen, p.grid[0], p.grid[1], 1, p.num_warps, -1, 1,
-        POS, pos_dtype, xs[j], x_dtype, CACHE, cache_dtype, heads[j], max_pos, strides[j], stride_c,
-        head_size, half, interleaved, p.block_h, p.block_r);
-    if (s != KS_OK) return s;
-  }
-  return KS_OK;
+  const int64_t hk = K == NULL ? 0 : k_heads;
+  if (T == 0 || q_heads + hk == 0) return KS_OK;
+  ks_pol_rope_fwd_t p;
+  if (ks_pol_rope_fwd(T, q_heads, hk, half, &p)) return ks_gen_policy_failed(err, errlen, "rope_fwd_policy");
+  void *kx = hk ? K : Q;
+  return ks_k_rope_fwd_kernel(plan, err, errlen, p.grid[0], p.grid[1], 1, p.num_warps, -1, 1,
+      POS, pos_dtype, Q, x_dtype, kx, x_dtype, CACHE, cache_dtype, q_heads, hk, p.nb1, p.nb, max_pos, stride_qt,
+      hk ? stride_kt : stride_qt, stride_c, head_size, half, interleaved, p.block_h1, p.block_h2, p.block_r);
 """,
     cases=_rope_cases,
     python=_rope_python,

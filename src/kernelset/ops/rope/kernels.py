@@ -1,5 +1,5 @@
 """Triton kernels of the rope family (see reference.py for the math): the serving-layout rotation
-(_rope_fwd_kernel), its multimodal / QK-norm extension (_rope_ext_fwd_kernel: mrope and
+(_rope_fwd_kernel, q and k in one launch), its multimodal / QK-norm extension (_rope_ext_fwd_kernel: mrope and
 qk_norm_rope) and transformers' layout out of place (_rope_apply_kernel).
 
 One program per (token, block of heads): the token's cos/sin row is read once for all its heads.
@@ -12,10 +12,36 @@ import triton.language as tl
 
 
 @triton.jit
-def _rope_fwd_kernel(POS, X, CACHE, H, max_pos, stride_t, stride_c, D: tl.constexpr, HALF: tl.constexpr,
-                     INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+def _rope_rotate_inplace(X, t, hblock, H, stride_t, cos, sin, D: tl.constexpr, HALF: tl.constexpr,
+                         INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr):
+    # BLOCK_H heads of token t: a scalar int64 token base, int32 offsets inside the token's row
+    heads = hblock * BLOCK_H + tl.arange(0, BLOCK_H)
+    i = tl.arange(0, BLOCK_R)
+    mask = (heads < H)[:, None] & (i < HALF)[None, :]
+    base = X + t * stride_t
+    hoff = heads[:, None] * D
+    if INTERLEAVED:
+        pa = base + hoff + 2 * i[None, :]
+        pb = pa + 1
+    else:
+        pa = base + hoff + i[None, :]
+        pb = pa + HALF
+    a = tl.load(pa, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(pb, mask=mask, other=0.0).to(tl.float32)
+    tl.store(pa, (a * cos[None, :] - b * sin[None, :]).to(X.dtype.element_ty), mask=mask)
+    tl.store(pb, (b * cos[None, :] + a * sin[None, :]).to(X.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rope_fwd_kernel(POS, Q, K, CACHE, HQ, HK, NB1, NB, max_pos, stride_qt, stride_kt, stride_c, D: tl.constexpr,
+                     HALF: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_H1: tl.constexpr,
+                     BLOCK_H2: tl.constexpr, BLOCK_R: tl.constexpr):
+    # q and k in one launch, NB programs per token: blocks [0, NB1) take BLOCK_H1 of q's heads,
+    # the rest BLOCK_H2 of k's (each tile sized to its tensor). Program ids run over a token's
+    # blocks first, so the programs in flight sweep q's and k's rows in address order.
+    pid = tl.program_id(0)
+    t = (pid // NB).to(tl.int64)
+    hb = pid % NB
     i = tl.arange(0, BLOCK_R)
     pos = tl.load(POS + t).to(tl.int64)
     ok = (pos >= 0) & (pos < max_pos)
@@ -25,36 +51,34 @@ def _rope_fwd_kernel(POS, X, CACHE, H, max_pos, stride_t, stride_c, D: tl.conste
     sin = tl.load(CACHE + row * stride_c + HALF + i, mask=imask, other=0.0).to(tl.float32)
     cos = tl.where(ok, cos, 1.0)
     sin = tl.where(ok, sin, 0.0)
-    mask = (heads < H)[:, None] & imask[None, :]
-    base = X + t * stride_t + heads[:, None].to(tl.int64) * D
-    if INTERLEAVED:
-        pa = base + 2 * i[None, :]
-        pb = pa + 1
+    if hb < NB1:
+        _rope_rotate_inplace(Q, t, hb, HQ, stride_qt, cos, sin, D, HALF, INTERLEAVED, BLOCK_H1, BLOCK_R)
     else:
-        pa = base + i[None, :]
-        pb = pa + HALF
-    a = tl.load(pa, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(pb, mask=mask, other=0.0).to(tl.float32)
-    tl.store(pa, (a * cos[None, :] - b * sin[None, :]).to(X.dtype.element_ty), mask=mask)
-    tl.store(pb, (b * cos[None, :] + a * sin[None, :]).to(X.dtype.element_ty), mask=mask)
+        _rope_rotate_inplace(K, t, hb - NB1, HK, stride_kt, cos, sin, D, HALF, INTERLEAVED, BLOCK_H2, BLOCK_R)
 
 
 @triton.jit
 def _rope_rotate_heads(X, Y, b, s, hblock, H, sxb, sxs, sxh, syb, sys, syh, cos, sin, HALF: tl.constexpr,
-                       INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr):
-    heads = (hblock * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)
+                       INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
+                       WIDE: tl.constexpr):
+    heads = hblock * BLOCK_H + tl.arange(0, BLOCK_H)
+    if WIDE:  # head offsets past 2^31 elements: int64 per element
+        heads = heads.to(tl.int64)
     i = tl.arange(0, BLOCK_R)
     mask = (heads < H)[:, None] & (i < HALF)[None, :]
-    xb = X + b * sxb + s * sxs + heads[:, None] * sxh
-    yb = Y + b * syb + s * sys + heads[:, None] * syh
+    # a scalar int64 base per token, the offsets inside the tile in int32 where they fit
+    xb = X + b * sxb + s * sxs
+    yb = Y + b * syb + s * sys
+    xh = heads[:, None] * sxh
+    yh = heads[:, None] * syh
     if INTERLEAVED:
         ia = 2 * i[None, :]
         ib = ia + 1
     else:
         ia = i[None, :]
         ib = ia + HALF
-    a = tl.load(xb + ia, mask=mask, other=0.0).to(tl.float32)
-    bb = tl.load(xb + ib, mask=mask, other=0.0).to(tl.float32)
+    a = tl.load(xb + xh + ia, mask=mask, other=0.0).to(tl.float32)
+    bb = tl.load(xb + xh + ib, mask=mask, other=0.0).to(tl.float32)
     # rounded as transformers' x * cos + rotate_half(x) * sin is in x's dtype: each product, then
     # the sum (the launch also turns off FMA contraction, so fp32 matches bit for bit too)
     dt = Y.dtype.element_ty
@@ -62,18 +86,21 @@ def _rope_rotate_heads(X, Y, b, s, hblock, H, sxb, sxs, sxh, syb, sys, syh, cos,
     bs = (bb * sin[None, :]).to(dt).to(tl.float32)
     bc = (bb * cos[None, :]).to(dt).to(tl.float32)
     as_ = (a * sin[None, :]).to(dt).to(tl.float32)
-    tl.store(yb + ia, (ac - bs).to(dt), mask=mask)
-    tl.store(yb + ib, (bc + as_).to(dt), mask=mask)
+    tl.store(yb + yh + ia, (ac - bs).to(dt), mask=mask)
+    tl.store(yb + yh + ib, (bc + as_).to(dt), mask=mask)
 
 
 @triton.jit
 def _rope_apply_kernel(X1, Y1, X2, Y2, COS, SIN, S, H1, H2, NB1, sxb1, sxs1, sxh1, syb1, sys1, syh1, sxb2, sxs2,
                        sxh2, syb2, sys2, syh2, scb, scs, ssb, sss, sign, HALF: tl.constexpr,
-                       INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr):
-    # q and k in one launch: head blocks [0, NB1) rotate X1 (q), the rest X2 (k). Out of place,
-    # any [B, S, H, D] strides (HF's [B, H, S, D] is a permutation of it); cos/sin rows in
-    # transformers' format (halves duplicated, or pairs for GPT-J), read once per program.
-    # sign = -1 rotates backwards: the gradient of a rotation is the inverse rotation.
+                       INTERLEAVED: tl.constexpr, BLOCK_H1: tl.constexpr, BLOCK_H2: tl.constexpr,
+                       BLOCK_R: tl.constexpr, WIDE: tl.constexpr):
+    # q and k in one launch: head blocks [0, NB1) rotate X1 (q) BLOCK_H1 heads at a time, the
+    # rest X2 (k) BLOCK_H2 at a time (each tile sized to its tensor: k's few heads would leave
+    # most of a q-sized tile masked). Out of place, any [B, S, H, D] strides (HF's [B, H, S, D]
+    # is a permutation of it); cos/sin rows in transformers' format (halves duplicated, or pairs
+    # for GPT-J), read once per program. sign = -1 rotates backwards: the gradient of a rotation
+    # is the inverse rotation.
     tok = tl.program_id(0).to(tl.int64)
     b = tok // S
     s = tok % S
@@ -85,10 +112,10 @@ def _rope_apply_kernel(X1, Y1, X2, Y2, COS, SIN, S, H1, H2, NB1, sxb1, sxs1, sxh
     sin = tl.load(SIN + b * ssb + s * sss + ci, mask=imask, other=0.0).to(tl.float32) * sign
     if hb < NB1:
         _rope_rotate_heads(X1, Y1, b, s, hb, H1, sxb1, sxs1, sxh1, syb1, sys1, syh1, cos, sin, HALF, INTERLEAVED,
-                           BLOCK_H, BLOCK_R)
+                           BLOCK_H1, BLOCK_R, WIDE)
     else:
         _rope_rotate_heads(X2, Y2, b, s, hb - NB1, H2, sxb2, sxs2, sxh2, syb2, sys2, syh2, cos, sin, HALF,
-                           INTERLEAVED, BLOCK_H, BLOCK_R)
+                           INTERLEAVED, BLOCK_H2, BLOCK_R, WIDE)
 
 
 @triton.jit

@@ -14,35 +14,77 @@ _fwd = FastKernel(_rope_fwd_kernel)
 
 @dataclasses.dataclass(frozen=True)
 class RopeLaunch:
-    block_h: int
+    block_h1: int  # q heads per program
+    block_h2: int  # k heads per program
     block_r: int
     num_warps: int
+    nb1: int  # programs per token over q's heads
+    nb: int  # programs per token, q's and k's
     grid: tuple[int, int]
 
 
 @functools.lru_cache(maxsize=4096)
-def rope_fwd_policy(t: int, h: int, half: int) -> RopeLaunch:
-    """Tiles of _rope_fwd_kernel for one tensor of ``h`` heads over ``t`` tokens rotating ``half``
-    pairs per head: all pairs of a head, heads stacked up to ~2048 pairs per program."""
+def rope_fwd_policy(t: int, hq: int, hk: int, half: int) -> RopeLaunch:
+    """Tiles of _rope_fwd_kernel over ``t`` tokens of q (``hq`` heads) and k (``hk``, 0 without
+    k) rotating ``half`` pairs per head: all pairs of a head, each tensor's heads stacked up to
+    ~2048 pairs per program, q and k in one launch. One launch instead of one per tensor: a
+    second launch's start and tail cost 3 points of copy at T=16384 32/8 D128 on the H200 (a
+    copy of the same bytes: 97.4% in one launch, 94.4% in two), and its host time made the
+    eager call host-bound there (scripts/rope_probe.py, docs/benchmarks/2026-11-27-s20)."""
     block_r = 1 << max(0, (half - 1).bit_length())
-    block_h = max(1, min(1 << max(0, (h - 1).bit_length()), 2048 // block_r))
-    return RopeLaunch(block_h, block_r, 4 if block_h * block_r >= 1024 else 2, (t, -(-h // block_h)))
+    cap = max(1, 2048 // block_r)
+    b1 = max(1, min(1 << max(0, (hq - 1).bit_length()), cap))
+    b2 = max(1, min(1 << max(0, (hk - 1).bit_length()), cap)) if hk else 1
+    nb1 = -(-hq // b1)
+    nb = nb1 + -(-hk // b2)
+    warps = 4 if max(b1, b2) * block_r >= 1024 else 2
+    return RopeLaunch(b1, b2, block_r, warps, nb1, nb, (t * nb, 1))
 
 
 def rope_fwd(positions, q, k, cache, interleaved, head_size):
     t = positions.numel()
     half = cache.shape[1] // 2
-    for x in (q, k):
-        if x is None or t == 0:
-            continue
-        h = x[0].numel() // head_size if x.shape[0] else 0
-        p = rope_fwd_policy(t, h, half)
-        _fwd(p.grid, positions, x, cache, h, cache.shape[0], x.stride(0), cache.stride(0),
-             D=head_size, HALF=half, INTERLEAVED=interleaved, BLOCK_H=p.block_h, BLOCK_R=p.block_r,
-             num_warps=p.num_warps)
+    hq = q[0].numel() // head_size if t else 0
+    hk = k[0].numel() // head_size if k is not None and t else 0
+    if t == 0 or hq + hk == 0:
+        return
+    p = rope_fwd_policy(t, hq, hk, half)
+    # without k (or with no k heads) the k blocks are empty: q stands in for the pointer
+    kx = k if hk else q
+    _fwd(p.grid, positions, q, kx, cache, hq, hk, p.nb1, p.nb, cache.shape[0], q.stride(0), kx.stride(0),
+         cache.stride(0), D=head_size, HALF=half, INTERLEAVED=interleaved, BLOCK_H1=p.block_h1,
+         BLOCK_H2=p.block_h2, BLOCK_R=p.block_r, num_warps=p.num_warps)
 
 
 _apply = FastKernel(_rope_apply_kernel)
+_INT32_SPAN = 2**31  # head offsets at or past this take int64 (a test lowers it to run that form)
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeApplyLaunch:
+    block_h1: int  # q heads per program
+    block_h2: int  # k heads per program
+    block_r: int
+    num_warps: int
+    nb1: int  # programs per token over q's heads
+    nb2: int  # and over k's
+
+
+@functools.lru_cache(maxsize=4096)
+def rope_apply_policy(hq: int, hk: int, half: int) -> RopeApplyLaunch:
+    """Tiles of _rope_apply_kernel: per token, q's heads and k's heads each in blocks of about
+    1024 rotated pairs, sized to the tensor (a k of 8 heads in a 32-head tile left 3/4 of its
+    programs' lanes masked: 82.7% of copy on the H200 at B4 S4096 32/8 D128, against 89.3% with
+    16-head q tiles; scripts/rope_probe.py, docs/benchmarks/2026-11-27-s20)."""
+    block_r = 1 << max(0, (half - 1).bit_length())
+    cap = max(1, 1024 // block_r)
+
+    def fit(h: int) -> int:
+        return max(1, min(1 << max(0, (h - 1).bit_length()), cap))
+
+    b1, b2 = fit(hq), fit(hk)
+    warps = 4 if max(b1, b2) * block_r >= 1024 else 2
+    return RopeApplyLaunch(b1, b2, block_r, warps, -(-hq // b1), -(-hk // b2) if hk else 0)
 
 
 def rope_apply(q, k, cos, sin, interleaved, rotary_dim, unsqueeze_dim, sign=1.0):
@@ -69,14 +111,13 @@ def rope_apply(q, k, cos, sin, interleaved, rotary_dim, unsqueeze_dim, sign=1.0)
     cb = c3.stride(0) if c3.shape[0] > 1 else 0
     sb = s3.stride(0) if s3.shape[0] > 1 else 0
     half = rotary_dim // 2
-    block_r = 1 << max(0, (half - 1).bit_length())
-    block_h = max(1, min(1 << max(0, (max(hq, hk) - 1).bit_length()), 2048 // block_r))
-    nb1 = -(-hq // block_h)
-    _apply((bsz * s, nb1 + -(-hk // block_h)), qs, yqs, ks_, yks, c3, s3, s, hq, hk, nb1,
+    p = rope_apply_policy(hq, hk, half)
+    span = max((h - 1) * abs(x.stride(2)) for h, x in ((hq, qs), (hk, ks_), (hq, yqs), (hk, yks)) if h) + 2 * half
+    _apply((bsz * s, p.nb1 + p.nb2), qs, yqs, ks_, yks, c3, s3, s, hq, hk, p.nb1,
            qs.stride(0), qs.stride(1), qs.stride(2), yqs.stride(0), yqs.stride(1), yqs.stride(2),
            ks_.stride(0), ks_.stride(1), ks_.stride(2), yks.stride(0), yks.stride(1), yks.stride(2),
-           cb, c3.stride(1), sb, s3.stride(1), sign, HALF=half, INTERLEAVED=interleaved, BLOCK_H=block_h,
-           BLOCK_R=block_r, num_warps=4 if block_h * block_r >= 1024 else 2, fp_fusion=False)
+           cb, c3.stride(1), sb, s3.stride(1), sign, HALF=half, INTERLEAVED=interleaved, BLOCK_H1=p.block_h1,
+           BLOCK_H2=p.block_h2, BLOCK_R=p.block_r, WIDE=span >= _INT32_SPAN, num_warps=p.num_warps, fp_fusion=False)
     return yq, yk
 
 

@@ -1,0 +1,259 @@
+"""RoPE launch forms on the current GPU, bf16, % of copy, best first (issue 3's rope bars).
+
+Serving layout (`ks.rotary_embedding`, in place, T=16384, 32 q / 8 k heads, D=128): the shipped
+two launches (q, then k) against one launch for both (head blocks [0, NBQ) rotate q, the rest
+k), scalar int64 token base with int32 offsets inside the tile, unmasked tiles where the shape
+is even, and 1-4 tokens per program. HF layout (`ks.apply_rotary`, out of place, [B, H, S, D]
+views, B4 S4096): the shipped kernel against the same forms. Ceilings: the 1 GiB copy, and
+copies of exactly the bytes each case moves (q and k, two launches and one).
+
+Usage: python scripts/rope_probe.py [--quick]
+"""
+from __future__ import annotations
+
+import itertools
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+from kernelset.bench.timing import copy_bandwidth_gbs, cuda_time_ms  # noqa: E402
+
+
+@triton.jit
+def _serve_qk(POS, Q, K, CACHE, HQ, HK, NBQ, T, max_pos, sqt, skt, sc, D: tl.constexpr, HALF: tl.constexpr,
+              BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr, TOK: tl.constexpr, EVEN: tl.constexpr,
+              XFIRST: tl.constexpr):
+    # a [TOK, BLOCK_H, BLOCK_R] tile of q (head blocks [0, NBQ)) or k; XFIRST issues the x loads
+    # before the position load and the cos/sin rows that depend on it
+    hb = tl.program_id(1)
+    if hb < NBQ:
+        X = Q
+        H = HQ
+        st = sqt
+        h0 = hb * BLOCK_H
+    else:
+        X = K
+        H = HK
+        st = skt
+        h0 = (hb - NBQ) * BLOCK_H
+    t0 = tl.program_id(0) * TOK
+    j = tl.arange(0, TOK)
+    hh = h0 + tl.arange(0, BLOCK_H)
+    i = tl.arange(0, BLOCK_R)
+    off = (j * st)[:, None, None] + (hh * D)[None, :, None] + i[None, None, :]  # int32 inside the tile
+    base = X + t0.to(tl.int64) * st
+    tmask = (t0 + j) < T
+    if EVEN:
+        m = None
+    else:
+        m = tmask[:, None, None] & (hh < H)[None, :, None] & (i < HALF)[None, None, :]
+    if XFIRST:
+        a = tl.load(base + off, mask=m).to(tl.float32)
+        b = tl.load(base + HALF + off, mask=m).to(tl.float32)
+    pos = tl.load(POS + t0 + j, mask=tmask, other=0).to(tl.int64)
+    ok = (pos >= 0) & (pos < max_pos)
+    crow = CACHE + tl.where(ok, pos, 0)[:, None] * sc + i[None, :]
+    if EVEN:
+        cos = tl.load(crow)
+        sin = tl.load(crow + HALF)
+    else:
+        cos = tl.load(crow, mask=(i < HALF)[None, :], other=1.0)
+        sin = tl.load(crow + HALF, mask=(i < HALF)[None, :], other=0.0)
+    cos = tl.where(ok[:, None], cos, 1.0)[:, None, :]
+    sin = tl.where(ok[:, None], sin, 0.0)[:, None, :]
+    if not XFIRST:
+        a = tl.load(base + off, mask=m).to(tl.float32)
+        b = tl.load(base + HALF + off, mask=m).to(tl.float32)
+    tl.store(base + off, (a * cos - b * sin).to(X.dtype.element_ty), mask=m)
+    tl.store(base + HALF + off, (b * cos + a * sin).to(X.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _apply_qk(X1, Y1, X2, Y2, COS, SIN, S, H1, H2, NB1, sxb1, sxs1, sxh1, syb1, sys1, syh1, sxb2, sxs2, sxh2, syb2,
+              sys2, syh2, scb, scs, sign, HALF: tl.constexpr, BLOCK_H: tl.constexpr, TOK: tl.constexpr):
+    # a [TOK, BLOCK_H, HALF] tile (HALF a power of two, S a multiple of TOK: the probe's case)
+    hb = tl.program_id(1)
+    if hb < NB1:
+        X = X1
+        Y = Y1
+        H = H1
+        sxb = sxb1
+        sxs = sxs1
+        sxh = sxh1
+        syb = syb1
+        sys = sys1
+        syh = syh1
+        h0 = hb * BLOCK_H
+    else:
+        X = X2
+        Y = Y2
+        H = H2
+        sxb = sxb2
+        sxs = sxs2
+        sxh = sxh2
+        syb = syb2
+        sys = sys2
+        syh = syh2
+        h0 = (hb - NB1) * BLOCK_H
+    tok = (tl.program_id(0) * TOK).to(tl.int64)
+    b = tok // S
+    s = tok % S
+    j = tl.arange(0, TOK)
+    hh = h0 + tl.arange(0, BLOCK_H)
+    i = tl.arange(0, HALF)
+    m = (hh < H)[None, :, None] & (i < HALF)[None, None, :]
+    xo = (j * sxs)[:, None, None] + (hh * sxh)[None, :, None] + i[None, None, :]
+    yo = (j * sys)[:, None, None] + (hh * syh)[None, :, None] + i[None, None, :]
+    xb = X + b * sxb + s * sxs
+    yb = Y + b * syb + s * sys
+    a = tl.load(xb + xo, mask=m).to(tl.float32)
+    bb = tl.load(xb + HALF + xo, mask=m).to(tl.float32)
+    co = b * scb + s * scs + (j * scs)[:, None] + i[None, :]
+    cos = tl.load(COS + co).to(tl.float32)[:, None, :]
+    sin = (tl.load(SIN + co).to(tl.float32) * sign)[:, None, :]
+    dt = Y.dtype.element_ty
+    ac = (a * cos).to(dt).to(tl.float32)
+    bs = (bb * sin).to(dt).to(tl.float32)
+    bc = (bb * cos).to(dt).to(tl.float32)
+    as_ = (a * sin).to(dt).to(tl.float32)
+    tl.store(yb + yo, (ac - bs).to(dt), mask=m)
+    tl.store(yb + HALF + yo, (bc + as_).to(dt), mask=m)
+
+
+def _same(what, want, got) -> None:
+    """The probe's result against the shipped kernel's: equal up to FMA contraction (a rounding)."""
+    for w, g in zip(want, got):
+        diff = (w.float() - g.float()).abs()
+        ndiff = int((diff > 0).sum())
+        assert float(diff.max()) <= 0.02 * float(w.float().abs().max()), f"{what}: wrong result"
+        print(f"{what}: {ndiff} of {w.numel()} elements differ by a rounding from the shipped kernel")
+
+
+def serving(copy: float, quick: bool) -> None:
+    from kernelset.ops.rope import launch as rl
+    dev = torch.device("cuda")
+    t, hq, hk, d = 16384, 32, 8, 128
+    half = d // 2
+    inv = 1.0 / 10000 ** (torch.arange(0, d, 2, device=dev, dtype=torch.float32) / d)
+    f = torch.outer(torch.arange(4096, device=dev, dtype=torch.float32), inv)
+    cache = torch.cat([f.cos(), f.sin()], -1)
+    pos = torch.randint(0, 4096, (t,), device=dev)
+    q0 = torch.randn(t, hq, d, dtype=torch.bfloat16, device=dev)
+    k0 = torch.randn(t, hk, d, dtype=torch.bfloat16, device=dev)
+    nbytes = 2 * t * (hq + hk) * d * 2 + t * d * 4
+
+    # correctness of the probe kernel against the shipped one
+    qa, ka, qb, kb = q0.clone(), k0.clone(), q0.clone(), k0.clone()
+    rl.rope_fwd(pos, qa, ka, cache, False, d)
+
+    def probe(q, k, bh, tok, warps, xfirst=True):
+        nbq, nbk = -(-hq // bh), -(-hk // bh)
+        even = hq % bh == 0 and hk % bh == 0 and t % tok == 0
+        _serve_qk[(-(-t // tok), nbq + nbk)](pos, q, k, cache, hq, hk, nbq, t, cache.shape[0], q.stride(0), k.stride(0),
+                                            cache.stride(0), D=d, HALF=half, BLOCK_H=bh, BLOCK_R=half, TOK=tok,
+                                            EVEN=even, XFIRST=xfirst, num_warps=warps)
+
+    probe(qb, kb, 8, 2, 4)
+    _same("rotary_embedding probe", (qa, ka), (qb, kb))
+
+    rows = []
+    q, k = q0.clone(), k0.clone()
+    rows.append(("shipped rope_fwd", cuda_time_ms(lambda: rl.rope_fwd(pos, q, k, cache, False, d))))
+    qd, kd = torch.empty_like(q), torch.empty_like(k)
+    rows.append(("copy of q and k (2 launches)", cuda_time_ms(lambda: (qd.copy_(q), kd.copy_(k)))))
+    flat = torch.empty(q.numel() + k.numel(), dtype=q.dtype, device=dev)
+    flat2 = torch.empty_like(flat)
+    rows.append(("copy of the same bytes (1 launch)", cuda_time_ms(lambda: flat2.copy_(flat))))
+    configs = itertools.product((8, 16, 32), (1, 2, 4), (2, 4, 8), (True, False))
+    if quick:
+        configs = [(8, 1, 4, True), (8, 2, 4, True), (16, 2, 4, True), (8, 2, 4, False)]
+    for bh, tok, warps, xfirst in configs:
+        if tok * bh * half // (32 * warps) < 4 or tok * bh * half // (32 * warps) > 64:
+            continue
+        rows.append((f"one launch BLOCK_H={bh} TOK={tok} warps={warps} {'x first' if xfirst else 'pos first'}",
+                     cuda_time_ms(lambda: probe(q, k, bh, tok, warps, xfirst))))
+    rows.append(("in-place q.mul_(1), k.mul_(1) (torch, 2 launches)", cuda_time_ms(lambda: (q.mul_(1.0), k.mul_(1.0)))))
+    rows.append(("in-place mul_(1) of the same bytes (1 launch)", cuda_time_ms(lambda: flat.mul_(1.0))))
+    import kernelset as ks
+    from kernelset.bench.timing import host_us_per_call
+    rows.append(("ks.rotary_embedding (the API, as ksctl bench times it)",
+                 cuda_time_ms(lambda: ks.rotary_embedding(pos, q, k, cache))))
+    host = host_us_per_call(lambda: ks.rotary_embedding(pos, q, k, cache), calls=300)
+    host_launch = host_us_per_call(lambda: rl.rope_fwd(pos, q, k, cache, False, d), calls=300)
+    print(f"host time per call: ks.rotary_embedding {host:.1f} us, rope_fwd alone {host_launch:.1f} us")
+    print(f"\nrotary_embedding T={t} {hq}/{hk} heads D={d} bf16, {nbytes / 2**20:.0f} MiB moved:")
+    for label, ms in sorted(rows, key=lambda r: r[1]):
+        print(f"  {nbytes / ms / 1e6 / copy * 100:5.1f}%  {ms * 1e3:7.1f} us  {label}")
+
+
+def apply(copy: float, quick: bool) -> None:
+    from kernelset.ops.rope import launch as rl
+    dev = torch.device("cuda")
+    b, hq, hk, s, d = 4, 32, 8, 4096, 128
+    half = d // 2
+    inv = 1.0 / 10000 ** (torch.arange(0, d, 2, device=dev, dtype=torch.float32) / d)
+    f = torch.outer(torch.arange(s, device=dev, dtype=torch.float32), inv)
+    emb = torch.cat([f, f], -1)
+    cos = emb.cos()[None].expand(b, s, d).to(torch.bfloat16)
+    sin = emb.sin()[None].expand(b, s, d).to(torch.bfloat16)
+    q = torch.randn(b, hq, s, d, dtype=torch.bfloat16, device=dev)
+    k = torch.randn(b, hk, s, d, dtype=torch.bfloat16, device=dev)
+    nbytes = 2 * b * s * (hq + hk) * d * 2
+    ya, yka = rl.rope_apply(q, k, cos, sin, False, d, 1)
+    yq, yk = torch.empty_like(q), torch.empty_like(k)
+    qs, ks_, yqs, yks = q.transpose(1, 2), k.transpose(1, 2), yq.transpose(1, 2), yk.transpose(1, 2)
+    c3, s3 = cos, sin
+    cb = c3.stride(0)
+
+    def probe(bh, tok, warps):
+        nb1 = -(-hq // bh)
+        _apply_qk[(b * s // tok, nb1 + -(-hk // bh))](
+            qs, yqs, ks_, yks, c3, s3, s, hq, hk, nb1, qs.stride(0), qs.stride(1), qs.stride(2), yqs.stride(0),
+            yqs.stride(1), yqs.stride(2), ks_.stride(0), ks_.stride(1), ks_.stride(2), yks.stride(0), yks.stride(1),
+            yks.stride(2), cb, c3.stride(1), 1.0, HALF=half, BLOCK_H=bh, TOK=tok, num_warps=warps,
+            enable_fp_fusion=False)
+
+    probe(8, 2, 4)
+    _same("apply_rotary probe", (ya, yka), (yq, yk))
+    rows = [("shipped rope_apply (1 launch, q and k)", cuda_time_ms(lambda: rl.rope_apply(q, k, cos, sin, False, d, 1)))]
+    rows.append(("copy of q and k (2 launches)", cuda_time_ms(lambda: (yq.copy_(q), yk.copy_(k)))))
+    configs = itertools.product((4, 8, 16, 32), (1, 2, 4), (2, 4, 8))
+    if quick:
+        configs = [(8, 1, 4), (8, 2, 4), (16, 2, 4), (8, 4, 4)]
+    for bh, tok, warps in configs:
+        if tok * bh * half // (32 * warps) < 4 or tok * bh * half // (32 * warps) > 64:
+            continue
+        rows.append((f"probe BLOCK_H={bh} TOK={tok} warps={warps}", cuda_time_ms(lambda: probe(bh, tok, warps))))
+    print(f"\napply_rotary fwd B{b} S{s} {hq}/{hk} heads D={d} bf16 [B, H, S, D], {nbytes / 2**20:.0f} MiB moved:")
+    for label, ms in sorted(rows, key=lambda r: r[1]):
+        print(f"  {nbytes / ms / 1e6 / copy * 100:5.1f}%  {ms * 1e3:7.1f} us  {label}")
+
+
+def bench_replica(copy: float) -> None:
+    """ksctl bench's rotary_embedding case through the harness, alone (no peers) and with them."""
+    from kernelset.bench import harness
+    from kernelset.core import registry
+    entry = [e for e in registry.catalog() if e.spec.name == "rotary_embedding"][0]
+    case = entry.spec.bench[0]
+    for peers in (False, True, False):
+        r = harness.run_case(entry.spec, case, torch.device("cuda"), copy, peers=peers)
+        ours = r.results[0]
+        print(f"harness rotary_embedding peers={peers}: {ours.ms * 1e3:.1f} us, {ours.pct:.1f}% of copy")
+
+
+def main() -> int:
+    quick = "--quick" in sys.argv
+    dev = torch.device("cuda")
+    copy = copy_bandwidth_gbs(dev)
+    print(f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}, Triton {triton.__version__}, "
+          f"copy {copy:.0f} GB/s")
+    serving(copy, quick)
+    apply(copy, quick)
+    bench_replica(copy)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
