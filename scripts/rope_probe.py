@@ -161,6 +161,8 @@ def serving(copy: float, quick: bool) -> None:
     rows = []
     q, k = q0.clone(), k0.clone()
     rows.append(("shipped rope_fwd", cuda_time_ms(lambda: rl.rope_fwd(pos, q, k, cache, False, d))))
+    rows.append(("shipped kernel, q then k in two launches",
+                 cuda_time_ms(lambda: (rl.rope_fwd(pos, q, None, cache, False, d), rl.rope_fwd(pos, k, None, cache, False, d)))))
     qd, kd = torch.empty_like(q), torch.empty_like(k)
     rows.append(("copy of q and k (2 launches)", cuda_time_ms(lambda: (qd.copy_(q), kd.copy_(k)))))
     flat = torch.empty(q.numel() + k.numel(), dtype=q.dtype, device=dev)

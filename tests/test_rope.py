@@ -297,7 +297,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from kernelset.ops.rope import kernels as K
-sig = dict(POS="*i64", Q="*bf16", K="*bf16", CACHE="*fp32", HQ="i32", HK="i32", NB1="i32", NB="i32", max_pos="i32",
+sig = dict(POS="*i64", Q="*bf16", K="*bf16", CACHE="*fp32", HQ="i32", HK="i32", NB1="i32", max_pos="i32",
            stride_qt="i32", stride_kt="i32", stride_c="i32")
 out = []
 # the launcher's tiles for 32 q / 8 k heads: (head size, rotary dim / 2, GPT-J pairs, q heads per program)

@@ -88,7 +88,7 @@ ROPE_FWD = Op(
   if (ks_pol_rope_fwd(T, q_heads, hk, half, &p)) return ks_gen_policy_failed(err, errlen, "rope_fwd_policy");
   void *kx = hk ? K : Q;
   return ks_k_rope_fwd_kernel(plan, err, errlen, p.grid[0], p.grid[1], 1, p.num_warps, -1, 1,
-      POS, pos_dtype, Q, x_dtype, kx, x_dtype, CACHE, cache_dtype, q_heads, hk, p.nb1, p.nb, max_pos, stride_qt,
+      POS, pos_dtype, Q, x_dtype, kx, x_dtype, CACHE, cache_dtype, q_heads, hk, p.nb1, max_pos, stride_qt,
       hk ? stride_kt : stride_qt, stride_c, head_size, half, interleaved, p.block_h1, p.block_h2, p.block_r);
 """,
     cases=_rope_cases,

@@ -33,15 +33,15 @@ def _rope_rotate_inplace(X, t, hblock, H, stride_t, cos, sin, D: tl.constexpr, H
 
 
 @triton.jit
-def _rope_fwd_kernel(POS, Q, K, CACHE, HQ, HK, NB1, NB, max_pos, stride_qt, stride_kt, stride_c, D: tl.constexpr,
+def _rope_fwd_kernel(POS, Q, K, CACHE, HQ, HK, NB1, max_pos, stride_qt, stride_kt, stride_c, D: tl.constexpr,
                      HALF: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_H1: tl.constexpr,
                      BLOCK_H2: tl.constexpr, BLOCK_R: tl.constexpr):
-    # q and k in one launch, NB programs per token: blocks [0, NB1) take BLOCK_H1 of q's heads,
-    # the rest BLOCK_H2 of k's (each tile sized to its tensor). Program ids run over a token's
-    # blocks first, so the programs in flight sweep q's and k's rows in address order.
-    pid = tl.program_id(0)
-    t = (pid // NB).to(tl.int64)
-    hb = pid % NB
+    # q and k in one launch over a (token, head block) grid: blocks [0, NB1) take BLOCK_H1 of q's
+    # heads, the rest BLOCK_H2 of k's (each tile sized to its tensor). Tokens run fastest, so the
+    # launch sweeps q's rows, then k's, as two launches would, without the second launch's
+    # start and tail.
+    t = tl.program_id(0).to(tl.int64)
+    hb = tl.program_id(1)
     i = tl.arange(0, BLOCK_R)
     pos = tl.load(POS + t).to(tl.int64)
     ok = (pos >= 0) & (pos < max_pos)
