@@ -71,6 +71,46 @@ def _serve_qk(POS, Q, K, CACHE, HQ, HK, NBQ, T, max_pos, sqt, skt, sc, D: tl.con
 
 
 @triton.jit
+def _rot_inplace(X, t, hblock, H, stride_t, cos, sin, D: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
+                 EVICT: tl.constexpr):
+    heads = hblock * BLOCK_H + tl.arange(0, BLOCK_H)
+    i = tl.arange(0, HALF)
+    mask = (heads < H)[:, None]
+    pa = X + t * stride_t + heads[:, None] * D + i[None, :]
+    pb = pa + HALF
+    if EVICT:
+        a = tl.load(pa, mask=mask, eviction_policy="evict_first").to(tl.float32)
+        b = tl.load(pb, mask=mask, eviction_policy="evict_first").to(tl.float32)
+        tl.store(pa, (a * cos[None, :] - b * sin[None, :]).to(X.dtype.element_ty), mask=mask,
+                 eviction_policy="evict_first")
+        tl.store(pb, (b * cos[None, :] + a * sin[None, :]).to(X.dtype.element_ty), mask=mask,
+                 eviction_policy="evict_first")
+    else:
+        a = tl.load(pa, mask=mask).to(tl.float32)
+        b = tl.load(pb, mask=mask).to(tl.float32)
+        tl.store(pa, (a * cos[None, :] - b * sin[None, :]).to(X.dtype.element_ty), mask=mask)
+        tl.store(pb, (b * cos[None, :] + a * sin[None, :]).to(X.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _serve_grid2(POS, Q, K, CACHE, HQ, HK, NB1, max_pos, sqt, skt, sc, D: tl.constexpr, HALF: tl.constexpr,
+                 BLOCK_H1: tl.constexpr, BLOCK_H2: tl.constexpr, EVICT: tl.constexpr):
+    # the shipped form (tokens fastest, tiles per tensor; HALF a power of two) with eviction hints
+    t = tl.program_id(0).to(tl.int64)
+    hb = tl.program_id(1)
+    i = tl.arange(0, HALF)
+    pos = tl.load(POS + t).to(tl.int64)
+    ok = (pos >= 0) & (pos < max_pos)
+    row = tl.where(ok, pos, 0)
+    cos = tl.where(ok, tl.load(CACHE + row * sc + i), 1.0)
+    sin = tl.where(ok, tl.load(CACHE + row * sc + HALF + i), 0.0)
+    if hb < NB1:
+        _rot_inplace(Q, t, hb, HQ, sqt, cos, sin, D, HALF, BLOCK_H1, EVICT)
+    else:
+        _rot_inplace(K, t, hb - NB1, HK, skt, cos, sin, D, HALF, BLOCK_H2, EVICT)
+
+
+@triton.jit
 def _apply_qk(X1, Y1, X2, Y2, COS, SIN, S, H1, H2, NB1, sxb1, sxs1, sxh1, syb1, sys1, syh1, sxb2, sxs2, sxh2, syb2,
               sys2, syh2, scb, scs, sign, HALF: tl.constexpr, BLOCK_H: tl.constexpr, TOK: tl.constexpr):
     # a [TOK, BLOCK_H, HALF] tile (HALF a power of two, S a multiple of TOK: the probe's case)
@@ -176,6 +216,15 @@ def serving(copy: float, quick: bool) -> None:
             continue
         rows.append((f"one launch BLOCK_H={bh} TOK={tok} warps={warps} {'x first' if xfirst else 'pos first'}",
                      cuda_time_ms(lambda: probe(q, k, bh, tok, warps, xfirst))))
+    def grid2(b1, b2, warps, evict):
+        nb1 = hq // b1
+        _serve_grid2[(t, nb1 + hk // b2)](pos, q, k, cache, hq, hk, nb1, cache.shape[0], q.stride(0), k.stride(0),
+                                         cache.stride(0), D=d, HALF=half, BLOCK_H1=b1, BLOCK_H2=b2, EVICT=evict,
+                                         num_warps=warps)
+
+    for b1, b2, warps, evict in itertools.product((16, 32), (4, 8), (2, 4, 8), (False, True)):
+        rows.append((f"tokens-fastest q {b1} / k {b2} heads per program, {warps} warps{', evict_first' if evict else ''}",
+                     cuda_time_ms(lambda: grid2(b1, b2, warps, evict))))
     rows.append(("in-place q.mul_(1), k.mul_(1) (torch, 2 launches)", cuda_time_ms(lambda: (q.mul_(1.0), k.mul_(1.0)))))
     rows.append(("in-place mul_(1) of the same bytes (1 launch)", cuda_time_ms(lambda: flat.mul_(1.0))))
     import kernelset as ks

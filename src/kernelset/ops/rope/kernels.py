@@ -26,10 +26,14 @@ def _rope_rotate_inplace(X, t, hblock, H, stride_t, cos, sin, D: tl.constexpr, H
     else:
         pa = base + hoff + i[None, :]
         pb = pa + HALF
-    a = tl.load(pa, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(pb, mask=mask, other=0.0).to(tl.float32)
-    tl.store(pa, (a * cos[None, :] - b * sin[None, :]).to(X.dtype.element_ty), mask=mask)
-    tl.store(pb, (b * cos[None, :] + a * sin[None, :]).to(X.dtype.element_ty), mask=mask)
+    # each element is read and written once: evict_first keeps these streams from pushing the
+    # cos/sin rows and positions out of L2 (H200, T=16384 32/8 D128: 89.2 -> 92.5% of copy)
+    a = tl.load(pa, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    b = tl.load(pb, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    tl.store(pa, (a * cos[None, :] - b * sin[None, :]).to(X.dtype.element_ty), mask=mask,
+             eviction_policy="evict_first")
+    tl.store(pb, (b * cos[None, :] + a * sin[None, :]).to(X.dtype.element_ty), mask=mask,
+             eviction_policy="evict_first")
 
 
 @triton.jit
@@ -77,8 +81,8 @@ def _rope_rotate_heads(X, Y, b, s, hblock, H, sxb, sxs, sxh, syb, sys, syh, cos,
     else:
         ia = i[None, :]
         ib = ia + HALF
-    a = tl.load(xb + xh + ia, mask=mask, other=0.0).to(tl.float32)
-    bb = tl.load(xb + xh + ib, mask=mask, other=0.0).to(tl.float32)
+    a = tl.load(xb + xh + ia, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    bb = tl.load(xb + xh + ib, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
     # rounded as transformers' x * cos + rotate_half(x) * sin is in x's dtype: each product, then
     # the sum (the launch also turns off FMA contraction, so fp32 matches bit for bit too)
     dt = Y.dtype.element_ty
@@ -86,8 +90,8 @@ def _rope_rotate_heads(X, Y, b, s, hblock, H, sxb, sxs, sxh, syb, sys, syh, cos,
     bs = (bb * sin[None, :]).to(dt).to(tl.float32)
     bc = (bb * cos[None, :]).to(dt).to(tl.float32)
     as_ = (a * sin[None, :]).to(dt).to(tl.float32)
-    tl.store(yb + yh + ia, (ac - bs).to(dt), mask=mask)
-    tl.store(yb + yh + ib, (bc + as_).to(dt), mask=mask)
+    tl.store(yb + yh + ia, (ac - bs).to(dt), mask=mask, eviction_policy="evict_first")
+    tl.store(yb + yh + ib, (bc + as_).to(dt), mask=mask, eviction_policy="evict_first")
 
 
 @triton.jit
@@ -162,8 +166,8 @@ def _rope_ext_fwd_kernel(POS, X, W, CACHE, H, max_pos, stride_t, stride_ps, stri
     pa = base + ia[None, :]
     pb = base + ib[None, :]
     dt = X.dtype.element_ty
-    a = tl.load(pa, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(pb, mask=mask, other=0.0).to(tl.float32)
+    a = tl.load(pa, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    b = tl.load(pb, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
     if NORM:
         ss = tl.sum(a * a, 1) + tl.sum(b * b, 1)
         if D > 2 * HALF:
@@ -199,5 +203,5 @@ def _rope_ext_fwd_kernel(POS, X, W, CACHE, H, max_pos, stride_t, stride_ps, stri
         s = sin.to(dt).to(tl.float32)[None, :]
         oa = (a * c).to(dt).to(tl.float32) - (b * s).to(dt).to(tl.float32)
         ob = (b * c).to(dt).to(tl.float32) + (a * s).to(dt).to(tl.float32)
-    tl.store(pa, oa.to(dt), mask=mask)
-    tl.store(pb, ob.to(dt), mask=mask)
+    tl.store(pa, oa.to(dt), mask=mask, eviction_policy="evict_first")
+    tl.store(pb, ob.to(dt), mask=mask, eviction_policy="evict_first")
