@@ -477,7 +477,8 @@ def test_translated_policies_equal_python(plans):
         for hk in (0, 1, h // 4, h):
             check("ks_pol_rope_fwd", rope.rope_fwd_policy, 7, h, hk, d // 2)
         for half, norm_ in ((d // 2, 0), (d // 4, 1), (d // 2, 1)):
-            check("ks_pol_rope_ext", rope.ext_tiles, h, d, half, norm_)
+            for hk in (0, 1, h // 4, h):
+                check("ks_pol_rope_ext", rope.ext_tiles, h, hk, d, half, norm_)
         check("ks_pol_merge", attn.merge_policy, h * 7, d)
     for splits, bd in itertools.product(range(1, 65), (16, 64, 128, 256)):
         check("ks_pol_paged_reduce", attn.paged_reduce_policy, splits, bd)

@@ -284,16 +284,17 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from kernelset.ops.rope import kernels as K
 from kernelset.ops.rope.launch import ext_tiles
-sig = dict(POS="*i64", X="*bf16", W="*bf16", CACHE="*fp32", H="i32", max_pos="i32", stride_t="i32", stride_ps="i32",
-           stride_pt="i32", stride_c="i32", eps="fp32", offset="fp32")
+sig = dict(POS="*i64", Q="*bf16", K="*bf16", WQ="*bf16", WK="*bf16", CACHE="*fp32", HQ="i32", HK="i32", NB1="i32",
+           max_pos="i32", stride_qt="i32", stride_kt="i32", stride_ps="i32", stride_pt="i32", stride_c="i32",
+           eps="fp32", offset="fp32")
 out = []
-# Qwen2-VL bands, Qwen3-VL interleaved, and GPT-J pairs, for the bench's 32 q heads of 128
+# Qwen2-VL bands, Qwen3-VL interleaved, and GPT-J pairs, for the bench's 32 q / 8 k heads of 128
 for inter_sec, sec, gptj in ((False, (16, 24, 24), False), (True, (24, 20, 20), False), (False, (16, 24, 24), True)):
-    bh, br, bt, warps = ext_tiles(32, 128, 64, False)
+    bh, bh2, br, bt, warps, _, _ = ext_tiles(32, 8, 128, 64, False)
     consts = dict(D=128, HALF=64, INTERLEAVED=gptj, NORM=False, CAST=0, MROPE=True, S0=sec[0], S1=sec[1], S2=sec[2],
-                  MROPE_INTERLEAVED=inter_sec, BLOCK_H=bh, BLOCK_R=br, BLOCK_T=bt)
+                  MROPE_INTERLEAVED=inter_sec, BLOCK_H1=bh, BLOCK_H2=bh2, BLOCK_R=br, BLOCK_T=bt)
     attrs = {(k,): [["tt.divisibility", 16]] for k, (n, ty) in enumerate(sig.items())
-             if ty.startswith("*") or n in ("stride_t", "stride_c", "stride_ps")}
+             if ty.startswith("*") or n in ("stride_qt", "stride_kt", "stride_c", "stride_ps")}
     src = ASTSource(K._rope_ext_fwd_kernel, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
                     attrs=attrs)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps)).asm["ptx"]

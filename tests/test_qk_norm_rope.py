@@ -309,19 +309,20 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from kernelset.ops.rope import kernels as K
 from kernelset.ops.rope.launch import ext_tiles
-sig = dict(POS="*i64", X="*bf16", W="*bf16", CACHE="*fp32", H="i32", max_pos="i32", stride_t="i32", stride_ps="i32",
-           stride_pt="i32", stride_c="i32", eps="fp32", offset="fp32")
+sig = dict(POS="*i64", Q="*bf16", K="*bf16", WQ="*bf16", WK="*bf16", CACHE="*fp32", HQ="i32", HK="i32", NB1="i32",
+           max_pos="i32", stride_qt="i32", stride_kt="i32", stride_ps="i32", stride_pt="i32", stride_c="i32",
+           eps="fp32", offset="fp32")
 out = []
 # (head size, rotary dim, cast, mrope): Qwen3 in each rounding, Gemma 3's 256, a partial head with a tail,
-# Qwen3-VL (norm + interleaved mrope); 32 heads per token as in the bench
+# Qwen3-VL (norm + interleaved mrope); 32 q / 8 k heads per token as in the bench
 for d, rot, cast, mrope in ((128, 128, 1, False), (128, 128, 2, False), (128, 128, 0, False), (256, 256, 2, False),
                             (80, 32, 1, False), (128, 128, 1, True)):
-    bh, br, bt, warps = ext_tiles(32, d, rot // 2, True)
+    bh, bh2, br, bt, warps, _, _ = ext_tiles(32, 8, d, rot // 2, True)
     s0, s1, s2 = (24, 20, 20) if mrope else (rot // 2, 0, 0)
     consts = dict(D=d, HALF=rot // 2, INTERLEAVED=False, NORM=True, CAST=cast, MROPE=mrope, S0=s0, S1=s1, S2=s2,
-                  MROPE_INTERLEAVED=mrope, BLOCK_H=bh, BLOCK_R=br, BLOCK_T=bt)
+                  MROPE_INTERLEAVED=mrope, BLOCK_H1=bh, BLOCK_H2=bh2, BLOCK_R=br, BLOCK_T=bt)
     attrs = {(k,): [["tt.divisibility", 16]] for k, (n, ty) in enumerate(sig.items())
-             if ty.startswith("*") or n in ("stride_t", "stride_c", "stride_ps")}
+             if ty.startswith("*") or n in ("stride_qt", "stride_kt", "stride_c", "stride_ps")}
     src = ASTSource(K._rope_ext_fwd_kernel, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
                     attrs=attrs)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps)).asm["ptx"]

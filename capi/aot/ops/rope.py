@@ -1,4 +1,4 @@
-"""rotary_embedding (_rope_fwd_kernel: q and k in one launch), mrope and qk_norm_rope (_rope_ext_fwd_kernel)."""
+"""rotary_embedding (_rope_fwd_kernel), mrope and qk_norm_rope (_rope_ext_fwd_kernel): q and k in one launch each."""
 from __future__ import annotations
 
 import itertools
@@ -120,13 +120,15 @@ def _ext_cases(which: str) -> list[dict]:
     if which == "full":
         out = []
         for d, rot in ((64, 64), (128, 128), (128, 64), (256, 256)):
-            for dt, norm, cast, h in itertools.product(("fp16", "bf16"), (False, True), ("llama", "gemma", "fp32"),
-                                                       pow2s(1, max(1, 2048 // pow2(rot // 2)))):
+            hs = pow2s(1, max(1, 2048 // pow2(rot // 2)))  # heads per program, per tensor
+            heads = [(h, hk) for h in hs for hk in [None] + [x for x in hs if x <= h]]  # k no wider than q
+            for dt, norm, cast, (h, hk) in itertools.product(("fp16", "bf16"), (False, True), ("llama", "gemma", "fp32"),
+                                                             heads):
                 if not norm and cast != "fp32":
                     continue
                 for sec, pos2d, mi in (((rot // 2 - 2 * (rot // 8), rot // 8, rot // 8), True, False),
                                        ((rot // 2 - 2 * (rot // 8), rot // 8, rot // 8), True, True), (None, False, False)):
-                    out.append(dict(QWEN3, t=1, hq=h, hk=None, d=d, rot=rot, dtype=dt, cache=dt, wdt=dt, norm=norm,
+                    out.append(dict(QWEN3, t=1, hq=h, hk=hk, d=d, rot=rot, dtype=dt, cache=dt, wdt=dt, norm=norm,
                                     cast=cast, sections=sec, pos2d=pos2d, mrope_interleaved=mi))
         return out
     if which == "release":  # ops/models.py: qk_norm_rope of the models with per-head q/k norms
@@ -183,9 +185,9 @@ ROPE_EXT = Op(
     launcher="kernelset.ops.rope.launch.rope_ext",
     doc="mrope and qk_norm_rope, in place on q [T, Hq*D] and k (or NULL): per-head RMSNorm when QW is given "
         "(then KW with K), mrope sections when mrope != 0",
-    kernels=[KernelRef("kernelset.ops.rope.kernels", "_rope_ext_fwd_kernel", ("stride_t", "stride_c"))],
+    kernels=[KernelRef("kernelset.ops.rope.kernels", "_rope_ext_fwd_kernel", ("stride_qt", "stride_kt", "stride_c"))],
     policies=[PolicyRef("kernelset.ops.rope.launch", "ext_tiles", "ks_pol_rope_ext",
-                        fields=("block_h", "block_r", "block_t", "num_warps"))],
+                        fields=("block_h1", "block_h2", "block_r", "block_t", "num_warps", "nb1", "nb"))],
     c_params=[("int32_t", "pos_dtype"), ("int32_t", "x_dtype"), ("int32_t", "cache_dtype"), ("int32_t", "w_dtype"),
               ("const void *", "POS"), ("void *", "Q"), ("void *", "K"), ("const void *", "QW"), ("const void *", "KW"),
               ("const void *", "CACHE"), ("int64_t", "T"), ("int64_t", "q_heads"), ("int64_t", "k_heads"),
@@ -194,9 +196,10 @@ ROPE_EXT = Op(
               ("int", "interleaved"), ("int", "mrope"), ("int64_t", "s0"), ("int64_t", "s1"), ("int64_t", "s2"),
               ("int", "mrope_interleaved"), ("double", "eps"), ("double", "offset"), ("int", "cast")],
     c_body=r"""
-  /* kernelset.ops.rope.launch.rope_ext: one launch for q, then one for k (skipped when NULL or
-   * without heads). Norm iff QW (eps, offset, cast used only then: mrope passes 0 as Python's
-   * does); mrope (sections s0..s2, positions [3, T] with section stride stride_ps) iff mrope,
+  /* kernelset.ops.rope.launch.rope_ext: q and k in one launch (k's blocks empty when K is NULL
+   * or has no heads, q and QW standing in for its pointers). Norm iff QW (eps, offset, cast used
+   * only then: mrope passes 0 as Python's does; without the norm CACHE stands in for the
+   * weights); mrope (sections s0..s2, positions [3, T] with section stride stride_ps) iff mrope,
    * else one section of all pairs. fp_fusion off for the bf16 chains. */
   if (T == 0) return KS_OK;
   const int norm = QW != NULL;
@@ -204,23 +207,17 @@ ROPE_EXT = Op(
   int e = 0;
   const int64_t half = ks_pol_floordiv(cache_cols, 2, &e);
   const int64_t S0 = mrope ? s0 : half, S1 = mrope ? s1 : 0, S2 = mrope ? s2 : 0;
-  void *xs[2] = {Q, K};
-  const void *ws[2] = {QW, KW};
-  const int64_t heads[2] = {q_heads, k_heads};
-  const int64_t strides[2] = {stride_qt, stride_kt};
-  for (int j = 0; j < 2; j++) {
-    if (xs[j] == NULL || heads[j] == 0) continue;
-    ks_pol_rope_ext_t p;
-    if (ks_pol_rope_ext(heads[j], head_size, half, norm, &p)) return ks_gen_policy_failed(err, errlen, "ext_tiles");
-    ks_status_t s = ks_k_rope_ext_fwd_kernel(plan, err, errlen, T, ks_gen_cdiv(heads[j], p.block_h), 1, p.num_warps,
-        -1, !(norm && cast != KS_ROPE_CAST_FP32),
-        POS, pos_dtype, xs[j], x_dtype, norm ? ws[j] : CACHE, norm ? w_dtype : cache_dtype, CACHE, cache_dtype,
-        heads[j], max_pos, strides[j], mrope ? stride_ps : 0, stride_pt, stride_c, norm ? eps : 0.0, norm ? offset : 0.0,
-        head_size, half, interleaved, norm, norm ? cast : 0, mrope, S0, S1, S2, mrope_interleaved,
-        p.block_h, p.block_r, p.block_t);
-    if (s != KS_OK) return s;
-  }
-  return KS_OK;
+  const int64_t hk = K == NULL ? 0 : k_heads;
+  if (q_heads + hk == 0) return KS_OK;
+  ks_pol_rope_ext_t p;
+  if (ks_pol_rope_ext(q_heads, hk, head_size, half, norm, &p)) return ks_gen_policy_failed(err, errlen, "ext_tiles");
+  const void *wq = norm ? QW : CACHE;
+  const void *wk = norm ? (hk ? KW : QW) : CACHE;
+  return ks_k_rope_ext_fwd_kernel(plan, err, errlen, T, p.nb, 1, p.num_warps, -1, !(norm && cast != KS_ROPE_CAST_FP32),
+      POS, pos_dtype, Q, x_dtype, hk ? K : Q, x_dtype, wq, norm ? w_dtype : cache_dtype, wk, norm ? w_dtype : cache_dtype,
+      CACHE, cache_dtype, q_heads, hk, p.nb1, max_pos, stride_qt, hk ? stride_kt : stride_qt, mrope ? stride_ps : 0,
+      stride_pt, stride_c, norm ? eps : 0.0, norm ? offset : 0.0, head_size, half, interleaved, norm, norm ? cast : 0,
+      mrope, S0, S1, S2, mrope_interleaved, p.block_h1, p.block_h2, p.block_r, p.block_t);
 """,
     cases=_ext_cases,
     python=_ext_python,

@@ -123,40 +123,16 @@ def _rope_apply_kernel(X1, Y1, X2, Y2, COS, SIN, S, H1, H2, NB1, sxb1, sxs1, sxh
 
 
 @triton.jit
-def _rope_ext_fwd_kernel(POS, X, W, CACHE, H, max_pos, stride_t, stride_ps, stride_pt, stride_c, eps, offset,
-                         D: tl.constexpr, HALF: tl.constexpr, INTERLEAVED: tl.constexpr, NORM: tl.constexpr,
-                         CAST: tl.constexpr, MROPE: tl.constexpr, S0: tl.constexpr, S1: tl.constexpr,
-                         S2: tl.constexpr, MROPE_INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr,
-                         BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr):
-    # In place, one program per (token, block of heads), like _rope_fwd_kernel, plus:
-    # MROPE: frequency i rotates by the position of its section (POS + section * stride_ps), the
-    #   three cos/sin rows gathered per frequency; contiguous bands (Qwen2-VL) or interleaved
-    #   (Qwen3-VL: i % 3 == 1 below 3 S1 is height, i % 3 == 2 below 3 S2 is width).
-    # NORM: per-head RMSNorm over all D features first (the rotated pairs and the tail past
-    #   2 HALF), weight W [D]. CAST 0: fp32 throughout, one rounding. CAST 1 (Llama/Qwen3) rounds
-    #   x * rstd before the weight, CAST 2 (Gemma) after; both round the norm output and then
-    #   rotate as transformers does in x.dtype: cos/sin rounded, each product rounded, the sum.
-    t = tl.program_id(0).to(tl.int64)
-    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+def _rope_ext_heads(X, W, t, hblock, H, stride_t, eps, offset, cos, sin, D: tl.constexpr, HALF: tl.constexpr,
+                    INTERLEAVED: tl.constexpr, NORM: tl.constexpr, CAST: tl.constexpr, BLOCK_H: tl.constexpr,
+                    BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr):
+    # BLOCK_H heads of token t, in place: the per-head RMSNorm (NORM) then the rotation
+    heads = hblock * BLOCK_H + tl.arange(0, BLOCK_H)
     i = tl.arange(0, BLOCK_R)
     imask = i < HALF
-    if MROPE:
-        if MROPE_INTERLEAVED:
-            sec = tl.where((i % 3 == 1) & (i < 3 * S1), 1, tl.where((i % 3 == 2) & (i < 3 * S2), 2, 0))
-        else:
-            sec = (i >= S0).to(tl.int32) + (i >= S0 + S1).to(tl.int32)
-        pos = tl.load(POS + sec.to(tl.int64) * stride_ps + t * stride_pt, mask=imask, other=0).to(tl.int64)
-    else:
-        pos = tl.load(POS + t * stride_pt).to(tl.int64)
-    ok = (pos >= 0) & (pos < max_pos)
-    row = tl.where(ok, pos, 0)  # a bad position reads row 0 and is then turned into the identity
-    cos = tl.load(CACHE + row * stride_c + i, mask=imask, other=1.0).to(tl.float32)
-    sin = tl.load(CACHE + row * stride_c + HALF + i, mask=imask, other=0.0).to(tl.float32)
-    cos = tl.where(ok, cos, 1.0)
-    sin = tl.where(ok, sin, 0.0)
     hmask = heads < H
     mask = hmask[:, None] & imask[None, :]
-    base = X + t * stride_t + heads[:, None].to(tl.int64) * D
+    base = X + t * stride_t + heads[:, None] * D  # scalar int64 token base, int32 inside the row
     if INTERLEAVED:
         ia = 2 * i
         ib = ia + 1
@@ -205,3 +181,45 @@ def _rope_ext_fwd_kernel(POS, X, W, CACHE, H, max_pos, stride_t, stride_ps, stri
         ob = (b * c).to(dt).to(tl.float32) + (a * s).to(dt).to(tl.float32)
     tl.store(pa, oa.to(dt), mask=mask, eviction_policy="evict_first")
     tl.store(pb, ob.to(dt), mask=mask, eviction_policy="evict_first")
+
+
+@triton.jit
+def _rope_ext_fwd_kernel(POS, Q, K, WQ, WK, CACHE, HQ, HK, NB1, max_pos, stride_qt, stride_kt, stride_ps, stride_pt,
+                         stride_c, eps, offset, D: tl.constexpr, HALF: tl.constexpr, INTERLEAVED: tl.constexpr,
+                         NORM: tl.constexpr, CAST: tl.constexpr, MROPE: tl.constexpr, S0: tl.constexpr,
+                         S1: tl.constexpr, S2: tl.constexpr, MROPE_INTERLEAVED: tl.constexpr,
+                         BLOCK_H1: tl.constexpr, BLOCK_H2: tl.constexpr, BLOCK_R: tl.constexpr,
+                         BLOCK_T: tl.constexpr):
+    # In place, q and k in one launch over a (token, head block) grid like _rope_fwd_kernel
+    # (blocks [0, NB1) BLOCK_H1 of q's heads with weight WQ, the rest BLOCK_H2 of k's with WK), plus:
+    # MROPE: frequency i rotates by the position of its section (POS + section * stride_ps), the
+    #   three cos/sin rows gathered per frequency; contiguous bands (Qwen2-VL) or interleaved
+    #   (Qwen3-VL: i % 3 == 1 below 3 S1 is height, i % 3 == 2 below 3 S2 is width).
+    # NORM: per-head RMSNorm over all D features first (the rotated pairs and the tail past
+    #   2 HALF), weight W [D]. CAST 0: fp32 throughout, one rounding. CAST 1 (Llama/Qwen3) rounds
+    #   x * rstd before the weight, CAST 2 (Gemma) after; both round the norm output and then
+    #   rotate as transformers does in x.dtype: cos/sin rounded, each product rounded, the sum.
+    t = tl.program_id(0).to(tl.int64)
+    hb = tl.program_id(1)
+    i = tl.arange(0, BLOCK_R)
+    imask = i < HALF
+    if MROPE:
+        if MROPE_INTERLEAVED:
+            sec = tl.where((i % 3 == 1) & (i < 3 * S1), 1, tl.where((i % 3 == 2) & (i < 3 * S2), 2, 0))
+        else:
+            sec = (i >= S0).to(tl.int32) + (i >= S0 + S1).to(tl.int32)
+        pos = tl.load(POS + sec.to(tl.int64) * stride_ps + t * stride_pt, mask=imask, other=0).to(tl.int64)
+    else:
+        pos = tl.load(POS + t * stride_pt).to(tl.int64)
+    ok = (pos >= 0) & (pos < max_pos)
+    row = tl.where(ok, pos, 0)  # a bad position reads row 0 and is then turned into the identity
+    cos = tl.load(CACHE + row * stride_c + i, mask=imask, other=1.0).to(tl.float32)
+    sin = tl.load(CACHE + row * stride_c + HALF + i, mask=imask, other=0.0).to(tl.float32)
+    cos = tl.where(ok, cos, 1.0)
+    sin = tl.where(ok, sin, 0.0)
+    if hb < NB1:
+        _rope_ext_heads(Q, WQ, t, hb, HQ, stride_qt, eps, offset, cos, sin, D, HALF, INTERLEAVED, NORM, CAST,
+                        BLOCK_H1, BLOCK_R, BLOCK_T)
+    else:
+        _rope_ext_heads(K, WK, t, hb - NB1, HK, stride_kt, eps, offset, cos, sin, D, HALF, INTERLEAVED, NORM, CAST,
+                        BLOCK_H2, BLOCK_R, BLOCK_T)

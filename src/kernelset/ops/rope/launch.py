@@ -130,34 +130,45 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def ext_tiles(h: int, head_size: int, half: int, norm: bool) -> tuple[int, int, int, int]:
-    """(BLOCK_H, BLOCK_R, BLOCK_T, num_warps) of _rope_ext_fwd_kernel for h heads: about 2048
-    rotated pairs per program (a [T=16384, 32, 128] layer takes one program per token)."""
+def ext_tiles(hq: int, hk: int, head_size: int, half: int, norm: bool) -> tuple[int, int, int, int, int, int, int]:
+    """(BLOCK_H1, BLOCK_H2, BLOCK_R, BLOCK_T, num_warps, NB1, NB) of _rope_ext_fwd_kernel: q's
+    ``hq`` heads and k's ``hk`` (0 without k) each in blocks of about 2048 rotated pairs (a
+    [T=16384, 32, 128] q takes one program per token), NB1 blocks of q and NB in all per token,
+    one launch for both tensors (as _rope_fwd_kernel: two launches cost a launch's host time,
+    which made the eager call host-bound on the lent H200 host)."""
     block_r = _pow2(half)
     block_t = _pow2(max(1, head_size - 2 * half)) if norm else 1
-    block_h = max(1, min(_pow2(h), 2048 // block_r))
-    return block_h, block_r, block_t, 4 if block_h * block_r >= 1024 else 2
+    cap = max(1, 2048 // block_r)
+    b1 = max(1, min(_pow2(hq), cap))
+    b2 = max(1, min(_pow2(hk), cap)) if hk else 1
+    nb1 = -(-hq // b1)
+    nb = nb1 + -(-hk // b2)
+    return b1, b2, block_r, block_t, 4 if max(b1, b2) * block_r >= 1024 else 2, nb1, nb
 
 
 def rope_ext(positions, q, k, cache, head_size, interleaved, sections=None, mrope_interleaved=False,
              q_weight=None, k_weight=None, eps=0.0, offset=0.0, cast="fp32"):
     """mrope (sections given, positions [3, T] or [T]) and/or the per-head RMSNorm (weights
-    given) before the rotation, in place on q and k (token-strided [T, H*D] or [T, H, D])."""
+    given) before the rotation, in place on q and k (token-strided [T, H*D] or [T, H, D]), in
+    one launch."""
     t = q.shape[0]
     half = cache.shape[1] // 2
     norm = q_weight is not None
     mrope = sections is not None and positions.dim() == 2
-    s0, s1, s2 = sections if mrope else (half, 0, 0)  # text-only positions: one kernel for all sections
+    s0, s1, s2 = sections if mrope else (half, 0, 0)  # text-only positions: one section for all pairs
     sps = positions.stride(0) if mrope else 0
-    for x, w in ((q, q_weight), (k, k_weight)):
-        if x is None or t == 0:
-            continue
-        h = x[0].numel() // head_size
-        if h == 0:
-            continue
-        block_h, block_r, block_t, warps = ext_tiles(h, head_size, half, norm)
-        _ext((t, -(-h // block_h)), positions, x, w if norm else cache, cache, h, cache.shape[0], x.stride(0), sps,
-             positions.stride(-1), cache.stride(0), float(eps), float(offset), D=head_size, HALF=half,
-             INTERLEAVED=interleaved, NORM=norm, CAST=_CASTS[cast] if norm else 0, MROPE=mrope, S0=s0, S1=s1,
-             S2=s2, MROPE_INTERLEAVED=mrope_interleaved, BLOCK_H=block_h, BLOCK_R=block_r, BLOCK_T=block_t,
-             num_warps=warps, fp_fusion=not (norm and cast != "fp32"))  # keep each rounding of the bf16 chain
+    hq = q[0].numel() // head_size if t else 0
+    hk = k[0].numel() // head_size if k is not None and t else 0
+    if t == 0 or hq + hk == 0:
+        return
+    b1, b2, block_r, block_t, warps, nb1, nb = ext_tiles(hq, hk, head_size, half, norm)
+    # without k (or with no k heads) its blocks are empty: q stands in for its pointers; without
+    # the norm the weights are never read: the cache stands in
+    kx = k if hk else q
+    wq = q_weight if norm else cache
+    wk = (k_weight if hk else q_weight) if norm else cache
+    _ext((t, nb), positions, q, kx, wq, wk, cache, hq, hk, nb1, cache.shape[0], q.stride(0), kx.stride(0), sps,
+         positions.stride(-1), cache.stride(0), float(eps), float(offset), D=head_size, HALF=half,
+         INTERLEAVED=interleaved, NORM=norm, CAST=_CASTS[cast] if norm else 0, MROPE=mrope, S0=s0, S1=s1, S2=s2,
+         MROPE_INTERLEAVED=mrope_interleaved, BLOCK_H1=b1, BLOCK_H2=b2, BLOCK_R=block_r, BLOCK_T=block_t,
+         num_warps=warps, fp_fusion=not (norm and cast != "fp32"))  # keep each rounding of the bf16 chain
