@@ -130,6 +130,7 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+@functools.lru_cache(maxsize=4096)
 def ext_tiles(hq: int, hk: int, head_size: int, half: int, norm: bool) -> tuple[int, int, int, int, int, int, int]:
     """(BLOCK_H1, BLOCK_H2, BLOCK_R, BLOCK_T, num_warps, NB1, NB) of _rope_ext_fwd_kernel: q's
     ``hq`` heads and k's ``hk`` (0 without k) each in blocks of about 2048 rotated pairs (a
