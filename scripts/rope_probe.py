@@ -1,11 +1,19 @@
 """RoPE launch forms on the current GPU, bf16, % of copy, best first (issue 3's rope bars).
 
 Serving layout (`ks.rotary_embedding`, in place, T=16384, 32 q / 8 k heads, D=128): the shipped
-two launches (q, then k) against one launch for both (head blocks [0, NBQ) rotate q, the rest
-k), scalar int64 token base with int32 offsets inside the tile, unmasked tiles where the shape
-is even, and 1-4 tokens per program. HF layout (`ks.apply_rotary`, out of place, [B, H, S, D]
-views, B4 S4096): the shipped kernel against the same forms. Ceilings: the 1 GiB copy, and
-copies of exactly the bytes each case moves (q and k, two launches and one).
+launch against probe forms: one launch for q and k with one tile size for both ([TOK, heads,
+pairs] tiles, x loads before or after the position load), and the shipped form (tokens fastest,
+tiles per tensor) at other tile sizes and warps, with and without ``evict_first``. HF layout
+(`ks.apply_rotary`, out of place, [B, H, S, D] views, B4 S4096): the shipped kernel against
+[TOK, heads, pairs] tiles. Ceilings: the 1 GiB copy, and copies / in-place ``mul_`` of exactly
+the bytes each case moves (two launches and one). Last, ksctl bench's rotary_embedding case
+through the harness, alone and with its peers (the eager call's host time shows there).
+
+Session 20 on the H200 (docs/benchmarks/2026-11-27-s20): the serving kernel in two launches
+87.6-89.4%; one launch with a token's q and k blocks adjacent 85.3%, tokens fastest 89.2%, plus
+``evict_first`` 92.3% (shipped); no tile size or warp count moved it more than a point; a copy
+of the same bytes 97.4% (one launch) / 94.2% (two). apply_rotary with k in a q-sized tile 82.7%,
+tiles per tensor 88.8-89.1% (shipped).
 
 Usage: python scripts/rope_probe.py [--quick]
 """
