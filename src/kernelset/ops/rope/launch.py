@@ -30,8 +30,8 @@ def rope_fwd_policy(t: int, hq: int, hk: int, half: int) -> RopeLaunch:
     second launch's start and tail cost 3 points of copy at T=16384 32/8 D128 on the H200 (a
     copy of the same bytes: 97.4% in one launch, 94.4% in two), and its host time made the
     eager call host-bound there. The grid runs tokens fastest: a token's q and k blocks
-    adjacent measured 85.3% against two launches' 89.3% (scripts/rope_probe.py,
-    docs/benchmarks/2026-11-27-s20)."""
+    adjacent measured 85.3% against two launches' 89.3%, tokens fastest 89.2%, and with the
+    kernel's evict_first hints 92.3% (scripts/rope_probe.py, docs/benchmarks/2026-11-27-s20)."""
     block_r = 1 << max(0, (half - 1).bit_length())
     cap = max(1, 2048 // block_r)
     b1 = max(1, min(1 << max(0, (hq - 1).bit_length()), cap))
