@@ -283,6 +283,16 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from kernelset.ops.rope import kernels as K
+import re
+
+
+def qk_vectors(ptx):
+    # the q/k streams are the evict_first accesses: none of them one 2-byte element at a time
+    # (GPT-J pairs loaded with stride 2 were; small tiles may hold only 2 elements per thread)
+    acc = re.findall(r"(?:ld|st)\.global\.L1::evict_first[\w:.]*", ptx)
+    return bool(acc) and not any(a.endswith(".b16") for a in acc)
+
+
 from kernelset.ops.rope.launch import ext_tiles
 sig = dict(POS="*i64", Q="*bf16", K="*bf16", WQ="*bf16", WK="*bf16", CACHE="*fp32", HQ="i32", HK="i32", NB1="i32",
            max_pos="i32", stride_qt="i32", stride_kt="i32", stride_ps="i32", stride_pt="i32", stride_c="i32",
@@ -298,9 +308,9 @@ for inter_sec, sec, gptj in ((False, (16, 24, 24), False), (True, (24, 20, 20), 
     src = ASTSource(K._rope_ext_fwd_kernel, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
                     attrs=attrs)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps)).asm["ptx"]
-    # q/k halves must load as vectors (GPT-J pairs are strided: a known gap, as in rotary_embedding)
+    # q/k must load and store as vectors, GPT-J rows too
     out.append(dict(case=f"mrope-inter{inter_sec}-gptj{gptj}", local="ld.local" in ptx or "st.local" in ptx,
-                    vec=gptj or ".v2" in ptx or ".v4" in ptx))
+                    vec=qk_vectors(ptx)))
 print(json.dumps(out))
 """
 

@@ -308,6 +308,16 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from kernelset.ops.rope import kernels as K
+import re
+
+
+def qk_vectors(ptx):
+    # the q/k streams are the evict_first accesses: none of them one 2-byte element at a time
+    # (GPT-J pairs loaded with stride 2 were; small tiles may hold only 2 elements per thread)
+    acc = re.findall(r"(?:ld|st)\.global\.L1::evict_first[\w:.]*", ptx)
+    return bool(acc) and not any(a.endswith(".b16") for a in acc)
+
+
 from kernelset.ops.rope.launch import ext_tiles
 sig = dict(POS="*i64", Q="*bf16", K="*bf16", WQ="*bf16", WK="*bf16", CACHE="*fp32", HQ="i32", HK="i32", NB1="i32",
            max_pos="i32", stride_qt="i32", stride_kt="i32", stride_ps="i32", stride_pt="i32", stride_c="i32",
@@ -315,22 +325,23 @@ sig = dict(POS="*i64", Q="*bf16", K="*bf16", WQ="*bf16", WK="*bf16", CACHE="*fp3
 out = []
 # (head size, rotary dim, cast, mrope): Qwen3 in each rounding, Gemma 3's 256, a partial head with a tail,
 # Qwen3-VL (norm + interleaved mrope); 32 q / 8 k heads per token as in the bench
-for d, rot, cast, mrope in ((128, 128, 1, False), (128, 128, 2, False), (128, 128, 0, False), (256, 256, 2, False),
-                            (80, 32, 1, False), (128, 128, 1, True)):
+for d, rot, cast, mrope, gptj in ((128, 128, 1, False, False), (128, 128, 2, False, False), (128, 128, 0, False, False),
+                                  (256, 256, 2, False, False), (80, 32, 1, False, False), (128, 128, 1, True, False),
+                                  (128, 128, 1, False, True)):
     bh, bh2, br, bt, warps, _, _ = ext_tiles(32, 8, d, rot // 2, True)
     s0, s1, s2 = (24, 20, 20) if mrope else (rot // 2, 0, 0)
-    consts = dict(D=d, HALF=rot // 2, INTERLEAVED=False, NORM=True, CAST=cast, MROPE=mrope, S0=s0, S1=s1, S2=s2,
+    consts = dict(D=d, HALF=rot // 2, INTERLEAVED=gptj, NORM=True, CAST=cast, MROPE=mrope, S0=s0, S1=s1, S2=s2,
                   MROPE_INTERLEAVED=mrope, BLOCK_H1=bh, BLOCK_H2=bh2, BLOCK_R=br, BLOCK_T=bt)
     attrs = {(k,): [["tt.divisibility", 16]] for k, (n, ty) in enumerate(sig.items())
              if ty.startswith("*") or n in ("stride_qt", "stride_kt", "stride_c", "stride_ps")}
     src = ASTSource(K._rope_ext_fwd_kernel, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
                     attrs=attrs)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps)).asm["ptx"]
-    out.append(dict(case=f"d{d}-r{rot}-cast{cast}-mrope{mrope}", local="ld.local" in ptx or "st.local" in ptx,
-                    vec=".v2" in ptx or ".v4" in ptx))
+    out.append(dict(case=f"d{d}-r{rot}-cast{cast}-mrope{mrope}-gptj{gptj}", local="ld.local" in ptx or "st.local" in ptx,
+                    vec=qk_vectors(ptx)))
 print(json.dumps(out))
 """
 
 
 def test_kernels_compile_for_sm90():
-    compile_report(_AOT, 6)
+    compile_report(_AOT, 7)

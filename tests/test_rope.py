@@ -297,6 +297,16 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from kernelset.ops.rope import kernels as K
+import re
+
+
+def qk_vectors(ptx):
+    # the q/k streams are the evict_first accesses: none of them one 2-byte element at a time
+    # (GPT-J pairs loaded with stride 2 were; small tiles may hold only 2 elements per thread)
+    acc = re.findall(r"(?:ld|st)\.global\.L1::evict_first[\w:.]*", ptx)
+    return bool(acc) and not any(a.endswith(".b16") for a in acc)
+
+
 sig = dict(POS="*i64", Q="*bf16", K="*bf16", CACHE="*fp32", HQ="i32", HK="i32", NB1="i32", max_pos="i32",
            stride_qt="i32", stride_kt="i32", stride_c="i32")
 out = []
@@ -309,10 +319,9 @@ for d, half, inter, bh in ((128, 64, False, 32), (128, 64, True, 32), (80, 16, F
                     attrs=attrs)
     warps = 4 if bh * half >= 1024 else 2
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps)).asm["ptx"]
-    # GPT-J pairs are read with stride 2 (no vector loads yet: a known gap, see the rope README);
-    # NeoX halves must vectorize
+    # q/k must move in vectors, NeoX halves and GPT-J rows alike
     out.append(dict(case=f"d{d}-r{2 * half}-inter{inter}", local="ld.local" in ptx or "st.local" in ptx,
-                    vec=inter or ".v2" in ptx or ".v4" in ptx))
+                    vec=qk_vectors(ptx)))
 asig = dict(X1="*bf16", Y1="*bf16", X2="*bf16", Y2="*bf16", COS="*fp32", SIN="*fp32", S="i32", H1="i32", H2="i32",
             NB1="i32", sxb1="i32", sxs1="i32", sxh1="i32", syb1="i32", sys1="i32", syh1="i32", sxb2="i32",
             sxs2="i32", sxh2="i32", syb2="i32", sys2="i32", syh2="i32", scb="i32", scs="i32", ssb="i32",
@@ -325,7 +334,7 @@ for inter in (False, True):
                     attrs=attrs)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["ptx"]
     out.append(dict(case=f"apply-inter{inter}", local="ld.local" in ptx or "st.local" in ptx,
-                    vec=inter or ".v2" in ptx or ".v4" in ptx))
+                    vec=qk_vectors(ptx)))
 print(json.dumps(out))
 """
 
