@@ -13,7 +13,8 @@ Session 20 on the H200 (docs/benchmarks/2026-11-27-s20): the serving kernel in t
 87.6-89.4%; one launch with a token's q and k blocks adjacent 85.3%, tokens fastest 89.2%, plus
 ``evict_first`` 92.3% (shipped); no tile size or warp count moved it more than a point; a copy
 of the same bytes 97.4% (one launch) / 94.2% (two). apply_rotary with k in a q-sized tile 82.7%,
-tiles per tensor 88.8-89.1% (shipped).
+tiles per tensor 88.8-89.1% (shipped). GPT-J pairs (16-byte rows split in registers since
+commit 4a567f4) have a line each, not yet run.
 
 Usage: python scripts/rope_probe.py [--quick]
 """
@@ -209,6 +210,7 @@ def serving(copy: float, quick: bool) -> None:
     rows = []
     q, k = q0.clone(), k0.clone()
     rows.append(("shipped rope_fwd", cuda_time_ms(lambda: rl.rope_fwd(pos, q, k, cache, False, d))))
+    rows.append(("shipped rope_fwd, GPT-J pairs", cuda_time_ms(lambda: rl.rope_fwd(pos, q, k, cache, True, d))))
     rows.append(("shipped kernel, q then k in two launches",
                  cuda_time_ms(lambda: (rl.rope_fwd(pos, q, None, cache, False, d), rl.rope_fwd(pos, k, None, cache, False, d)))))
     qd, kd = torch.empty_like(q), torch.empty_like(k)
@@ -277,6 +279,7 @@ def apply(copy: float, quick: bool) -> None:
     probe(8, 2, 4)
     _same("apply_rotary probe", (ya, yka), (yq, yk))
     rows = [("shipped rope_apply (1 launch, q and k)", cuda_time_ms(lambda: rl.rope_apply(q, k, cos, sin, False, d, 1)))]
+    rows.append(("shipped rope_apply, GPT-J pairs", cuda_time_ms(lambda: rl.rope_apply(q, k, cos, sin, True, d, 1))))
     rows.append(("copy of q and k (2 launches)", cuda_time_ms(lambda: (yq.copy_(q), yk.copy_(k)))))
     configs = itertools.product((4, 8, 16, 32), (1, 2, 4), (2, 4, 8))
     if quick:
