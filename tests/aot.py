@@ -11,6 +11,19 @@ import sys
 import pytest
 
 
+# Prepended to the rope families' compile scripts: whether the kernel's q/k streams (its
+# evict_first accesses) move in vectors, none of them one 2-byte element at a time (GPT-J pairs
+# loaded with stride 2 did; small tiles may hold only 2 elements per thread).
+QK_VECTORS = r"""
+import re
+
+
+def qk_vectors(ptx):
+    acc = re.findall(r"(?:ld|st)\.global\.L1::evict_first[\w:.]*", ptx)
+    return bool(acc) and not any(a.endswith(".b16") for a in acc)
+"""
+
+
 def compile_report(script: str, expected: int) -> list[dict]:
     """Run ``script`` (it prints one JSON list of {case, local, vec} last) without TRITON_INTERPRET;
     skip when this Triton has no usable NVIDIA backend; fail on spills or scalar-only access."""

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 import torch
-from aot import compile_report
+from aot import QK_VECTORS, compile_report
 
 import kernelset as ks
 from kernelset.core.registry import impls
@@ -277,22 +277,12 @@ def test_gpu_large_and_graph_capture():
     assert rel_err(q, rq) < 4e-3 and rel_err(k, rk) < 4e-3
 
 
-_AOT = r"""
+_AOT = QK_VECTORS + r"""
 import json
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from kernelset.ops.rope import kernels as K
-import re
-
-
-def qk_vectors(ptx):
-    # the q/k streams are the evict_first accesses: none of them one 2-byte element at a time
-    # (GPT-J pairs loaded with stride 2 were; small tiles may hold only 2 elements per thread)
-    acc = re.findall(r"(?:ld|st)\.global\.L1::evict_first[\w:.]*", ptx)
-    return bool(acc) and not any(a.endswith(".b16") for a in acc)
-
-
 from kernelset.ops.rope.launch import ext_tiles
 sig = dict(POS="*i64", Q="*bf16", K="*bf16", WQ="*bf16", WK="*bf16", CACHE="*fp32", HQ="i32", HK="i32", NB1="i32",
            max_pos="i32", stride_qt="i32", stride_kt="i32", stride_ps="i32", stride_pt="i32", stride_c="i32",

@@ -12,6 +12,15 @@ from .kernels import _rope_apply_kernel, _rope_ext_fwd_kernel, _rope_fwd_kernel
 _fwd = FastKernel(_rope_fwd_kernel)
 
 
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _heads_per_program(h: int, cap: int) -> int:
+    """Heads of one tensor per program: all of them (next power of two), at most ``cap``."""
+    return max(1, min(_pow2(h), cap))
+
+
 @dataclasses.dataclass(frozen=True)
 class RopeLaunch:
     block_h1: int  # q heads per program
@@ -32,10 +41,10 @@ def rope_fwd_policy(t: int, hq: int, hk: int, half: int) -> RopeLaunch:
     eager call host-bound there. The grid runs tokens fastest: a token's q and k blocks
     adjacent measured 85.3% against two launches' 89.3%, tokens fastest 89.2%, and with the
     kernel's evict_first hints 92.3% (scripts/rope_probe.py, docs/benchmarks/2026-11-27-s20)."""
-    block_r = 1 << max(0, (half - 1).bit_length())
+    block_r = _pow2(half)
     cap = max(1, 2048 // block_r)
-    b1 = max(1, min(1 << max(0, (hq - 1).bit_length()), cap))
-    b2 = max(1, min(1 << max(0, (hk - 1).bit_length()), cap)) if hk else 1
+    b1 = _heads_per_program(hq, cap)
+    b2 = _heads_per_program(hk, cap) if hk else 1
     nb1 = -(-hq // b1)
     nb = nb1 + -(-hk // b2)
     warps = 4 if max(b1, b2) * block_r >= 1024 else 2
@@ -77,13 +86,9 @@ def rope_apply_policy(hq: int, hk: int, half: int) -> RopeApplyLaunch:
     1024 rotated pairs, sized to the tensor (a k of 8 heads in a 32-head tile left 3/4 of its
     programs' lanes masked: 82.7% of copy on the H200 at B4 S4096 32/8 D128, against 89.3% with
     16-head q tiles; scripts/rope_probe.py, docs/benchmarks/2026-11-27-s20)."""
-    block_r = 1 << max(0, (half - 1).bit_length())
+    block_r = _pow2(half)
     cap = max(1, 1024 // block_r)
-
-    def fit(h: int) -> int:
-        return max(1, min(1 << max(0, (h - 1).bit_length()), cap))
-
-    b1, b2 = fit(hq), fit(hk)
+    b1, b2 = _heads_per_program(hq, cap), _heads_per_program(hk, cap)
     warps = 4 if max(b1, b2) * block_r >= 1024 else 2
     return RopeApplyLaunch(b1, b2, block_r, warps, -(-hq // b1), -(-hk // b2) if hk else 0)
 
@@ -126,10 +131,6 @@ _ext = FastKernel(_rope_ext_fwd_kernel)
 _CASTS = {"fp32": 0, "llama": 1, "gemma": 2}
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 @functools.lru_cache(maxsize=4096)
 def ext_tiles(hq: int, hk: int, head_size: int, half: int, norm: bool) -> tuple[int, int, int, int, int, int, int]:
     """(BLOCK_H1, BLOCK_H2, BLOCK_R, BLOCK_T, num_warps, NB1, NB) of _rope_ext_fwd_kernel: q's
@@ -140,8 +141,8 @@ def ext_tiles(hq: int, hk: int, head_size: int, half: int, norm: bool) -> tuple[
     block_r = _pow2(half)
     block_t = _pow2(max(1, head_size - 2 * half)) if norm else 1
     cap = max(1, 2048 // block_r)
-    b1 = max(1, min(_pow2(hq), cap))
-    b2 = max(1, min(_pow2(hk), cap)) if hk else 1
+    b1 = _heads_per_program(hq, cap)
+    b2 = _heads_per_program(hk, cap) if hk else 1
     nb1 = -(-hq // b1)
     nb = nb1 + -(-hk // b2)
     return b1, b2, block_r, block_t, 4 if max(b1, b2) * block_r >= 1024 else 2, nb1, nb
