@@ -15,7 +15,12 @@ started; the complete groups depend on no one else, finish their rows and free t
 the rest then start. (What must fit at once is one group, S programs.) No program ever waits
 on a row it has not yet published to itself: its next row is another row.
 
-Not shipped: a probe for the next GPU session, written without GPU access (session 20). It
+Measured in session 21 on the H200 (docs/benchmarks/2026-11-27-s21/run1-split-pipeline.log):
+correct everywhere, slower everywhere. Best forms against the shipped kernels: softmax
+4096x131072 65.2% (77.6%), RMSNorm 4096x65536 75.2% (79.0%), 1024x262144 73.6% (77.8%); at 4
+warps with few splits 7-25% (the held next chunk spills registers). Kept as the record.
+
+Not shipped: a probe written without GPU access (session 20). It
 checks each form against torch in fp32 before timing it. ``--check`` runs the math on the CPU
 through the Triton interpreter with one program per row (S = 1: the interpreter runs programs
 one after another, so a group of several would wait forever) and rowsync's unsynchronized
