@@ -85,9 +85,10 @@ def _exchange(PART, SYNC, r, c, a, b, S: gl.constexpr, S_P2: gl.constexpr, NSLOT
 
 
 @gluon.jit
-def _ring_rows_kernel(x_desc, w_desc, Y, PART, SYNC, R, N, eps, inv_n,
-                      IS_RMS: gl.constexpr, HAS_WEIGHT: gl.constexpr, S: gl.constexpr, S_P2: gl.constexpr,
-                      NCH: gl.constexpr, BOXR: gl.constexpr, NB: gl.constexpr, num_warps: gl.constexpr):
+def _ring_rows_kernel(x_desc, w_desc, W, Y, PART, SYNC, R, N, eps, inv_n,
+                      IS_RMS: gl.constexpr, HAS_WEIGHT: gl.constexpr, W_SMEM: gl.constexpr, S: gl.constexpr, S_P2: gl.constexpr,
+                      NCH: gl.constexpr, BOXR: gl.constexpr, NB: gl.constexpr, EARLY_FREE: gl.constexpr,
+                      num_warps: gl.constexpr):
     # one chunk = [BOXR, 256] elements; a portion = NCH chunks; a row = S portions
     CH: gl.constexpr = BOXR * 256
     P_TILES: gl.constexpr = NCH * BOXR
@@ -112,7 +113,7 @@ def _ring_rows_kernel(x_desc, w_desc, Y, PART, SYNC, R, N, eps, inv_n,
     fence_async_shared()
     for i in gl.static_range(NB):
         _issue(x_desc, ring, bars, i, K, g, G, c, row_tiles, P_TILES, NCH, BOXR, NB)
-    if HAS_WEIGHT:
+    if HAS_WEIGHT and W_SMEM:
         wsm = gl.allocate_shared_memory(dt, [NCH, BOXR, 256], w_desc.layout)
         wbar = bars.index(NB)
         mbarrier.expect(wbar, NCH * w_desc.block_type.nbytes)
@@ -160,16 +161,26 @@ def _ring_rows_kernel(x_desc, w_desc, Y, PART, SYNC, R, N, eps, inv_n,
         ybase = Y + r.to(gl.int64) * N + c * (NCH * CH)
         for q in gl.static_range(NCH):
             k = j * NCH + q
-            v = ring.index(k % NB).load(L).to(gl.float32)
+            xv = ring.index(k % NB).load(L)
+            if EARLY_FREE:  # the chunk is in registers: free its buffer before any other load
+                _cta_barrier()
+                fence_async_shared()
+                _issue(x_desc, ring, bars, k + NB, K, g, G, c, row_tiles, P_TILES, NCH, BOXR, NB)
+            v = xv.to(gl.float32)
             if IS_RMS:
                 y = (v * rstd).to(dt)
                 if HAS_WEIGHT:
-                    y = (y.to(gl.float32) * wsm.index(q).load(L).to(gl.float32)).to(dt)
+                    if W_SMEM:
+                        wv = wsm.index(q).load(L)
+                    else:  # from L2 (L1 holds little next to the ring)
+                        wv = gl.load(W + c * (NCH * CH) + q * CH + offs)
+                    y = (y.to(gl.float32) * wv.to(gl.float32)).to(dt)
             else:
                 y = (gl.exp2(v * LOG2E - m_c) * inv_s).to(dt)
-            _cta_barrier()
-            fence_async_shared()
-            _issue(x_desc, ring, bars, k + NB, K, g, G, c, row_tiles, P_TILES, NCH, BOXR, NB)
+            if not EARLY_FREE:
+                _cta_barrier()
+                fence_async_shared()
+                _issue(x_desc, ring, bars, k + NB, K, g, G, c, row_tiles, P_TILES, NCH, BOXR, NB)
             gl.store(ybase + q * CH + offs, y)
     for i in gl.static_range(NB + 1):
         mbarrier.invalidate(bars.index(i))
@@ -182,24 +193,39 @@ def _layout(boxr):
     return gl.NVMMASharedLayout.get_default_for([boxr, 256], gl.bfloat16)
 
 
-def launch(kind, x, w, y, split, nb, warps, sms, per_sm=1, boxr=32):
-    """One launch of the ring kernel over x [R, N] (contiguous bf16) into y."""
+def _args(kind, x, w, y, split, boxr, w_smem):
     import torch
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     r, n = x.shape
     ch = boxr * 256
     assert n % (split * ch) == 0, (n, split, ch)
-    nch = n // split // ch
     lay = _layout(boxr)
     x_desc = TensorDescriptor(x.view(-1, 256), [r * n // 256, 256], [256, 1], [boxr, 256], lay)
     w_desc = TensorDescriptor(w.view(-1, 256), [n // 256, 256], [256, 1], [boxr, 256], lay) if w is not None else x_desc
     s_p2 = triton.next_power_of_2(split)
     sync = torch.zeros(1 + r, dtype=torch.int32, device=x.device)
     part = torch.empty(r * 2 * s_p2, dtype=torch.float32, device=x.device)
-    grid = (per_sm * sms // split) * split  # all resident: the launcher passes per_sm = 2 only where two fit
-    _ring_rows_kernel[(grid,)](x_desc, w_desc, y, part, sync, r, n, 1e-6, 1.0 / n, IS_RMS=kind == "rms",
-                               HAS_WEIGHT=kind == "rms" and w is not None, S=split, S_P2=s_p2, NCH=nch, BOXR=boxr,
-                               NB=nb, num_warps=warps)
+    args = (x_desc, w_desc, w, y, part, sync, r, n, 1e-6, 1.0 / n)
+    consts = dict(IS_RMS=kind == "rms", HAS_WEIGHT=kind == "rms" and w is not None, W_SMEM=w_smem, S=split,
+                  S_P2=s_p2, NCH=n // split // ch, BOXR=boxr)
+    return args, consts
+
+
+def occupancy(kernel, warps) -> int:
+    """Programs of this compiled kernel one SM holds at once (shared memory, registers, warps)."""
+    smem = kernel.metadata.shared + 1024  # the driver reserves 1 KB per block
+    by_smem = (228 * 1024) // smem
+    by_regs = 65536 // max(1, getattr(kernel, "n_regs", 0) * 32 * warps)  # n_regs: once loaded on a GPU
+    return max(1, min(by_smem, by_regs, 64 // warps))
+
+
+def launch(kind, x, w, y, split, nb, warps, sms, per_sm=1, w_smem=True, boxr=32, early=False):
+    """One launch of the ring kernel over x [R, N] (contiguous bf16) into y: per_sm programs per SM
+    (the caller passes no more than fit: the groups of a persistent launch should all be resident).
+    Returns the compiled kernel."""
+    args, consts = _args(kind, x, w, y, split, boxr, w_smem)
+    grid = (per_sm * sms // split) * split
+    return _ring_rows_kernel[(grid,)](*args, NB=nb, EARLY_FREE=early, num_warps=warps, **consts)
 
 
 def compile_check() -> int:
@@ -208,52 +234,56 @@ def compile_check() -> int:
     from triton.experimental.gluon._runtime import GluonASTSource
     fn = _ring_rows_kernel
     ok = True
-    for kind, n, split, nb, warps in _configs(quick=False):
-        boxr = 32
+    for kind, n, split, boxr, nb, warps, w_smem, early in _configs(_WIDE + _CEILING):
         nch = n // split // (boxr * 256)
         lay = _layout(boxr)
         sig = dict(x_desc=f"tensordesc<bf16[{boxr}, 256],{lay!r}>", w_desc=f"tensordesc<bf16[{boxr}, 256],{lay!r}>",
-                   Y="*bf16", PART="*fp32", SYNC="*i32", R="i32", N="i32", eps="fp32", inv_n="fp32")
-        consts = dict(IS_RMS=kind == "rms", HAS_WEIGHT=kind == "rms", S=split, S_P2=triton.next_power_of_2(split),
-                      NCH=nch, BOXR=boxr, NB=nb, num_warps=warps)
+                   W="*bf16", Y="*bf16", PART="*fp32", SYNC="*i32", R="i32", N="i32", eps="fp32", inv_n="fp32")
+        consts = dict(IS_RMS=kind == "rms", HAS_WEIGHT=kind == "rms", W_SMEM=w_smem, S=split,
+                      S_P2=triton.next_power_of_2(split), NCH=nch, BOXR=boxr, NB=nb, EARLY_FREE=early,
+                      num_warps=warps)
         full = {a: sig.get(a, "constexpr") for a in fn.arg_names}
-        attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in ("Y", "PART", "SYNC", "N")}
+        attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in ("W", "Y", "PART", "SYNC", "N")}
+        label = f"{kind} N={n} S={split} box={boxr} NB={nb} warps={warps} w_smem={w_smem} early={early}"
         try:
             c = triton.compile(GluonASTSource(fn, signature=full, constexprs=consts, attrs=attrs),
                                target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
         except Exception as exc:
             ok = False
-            print(f"{kind} N={n} S={split} NB={nb} warps={warps}: {type(exc).__name__}: {str(exc)[:2000]}")
+            print(f"{label}: {type(exc).__name__}: {str(exc)[:2000]}")
             continue
         ptx = c.asm["ptx"]
         spill = "ld.local" in ptx or "st.local" in ptx
-        smem = c.metadata.shared
-        ok &= not spill and smem <= 232448
-        print(f"{kind} N={n} S={split} NB={nb} warps={warps}: smem {smem} B, spills {spill}, "
-              f"tma {'cp.async.bulk.tensor' in ptx}, st.v4 {'st.global.v4' in ptx}")
+        ok &= not spill and c.metadata.shared <= 232448
+        print(f"{label}: smem {c.metadata.shared} B, {occupancy(c, warps)}/SM by smem, spills {spill}, "
+              f"tma {'cp.async.bulk.tensor' in ptx}")
     return 0 if ok else 1
 
 
-_WIDE = (("rms", 65536, (2, 4)), ("rms", 262144, (8, 16)), ("softmax", 131072, (2, 4, 8)))
+# (kind, N, S, chunk rows of 256, ring buffers, warps, weight in shared memory): RMSNorm reads its
+# weight from L2 unless w_smem (session 21, run 4: two programs per SM with w from L2 beat one
+# with w on chip by 9 points at 65536)
+_BEST = (  # session 21 run 5's best forms (the buffer freed after the output's stores)
+    [("rms", 65536, 4, 16, 5, 8, False), ("rms", 65536, 4, 8, 10, 8, False), ("rms", 262144, 16, 16, 5, 8, False),
+     ("softmax", 131072, 4, 16, 9, 8, False), ("softmax", 131072, 8, 16, 6, 8, False)]
+)
+_WIDE = (
+    [c + (e,) for c in _BEST for e in (False, True)]
+    + [("rms", 65536, 8, 8, 5, 8, False, True), ("rms", 65536, 8, 8, 6, 4, False, True),
+       ("rms", 65536, 4, 8, 9, 4, False, True), ("rms", 65536, 4, 16, 5, 4, False, True),
+       ("rms", 262144, 32, 8, 5, 8, False, True), ("rms", 262144, 16, 8, 9, 4, False, True),
+       ("softmax", 131072, 8, 8, 9, 8, False, True), ("softmax", 131072, 4, 16, 9, 4, False, True)]
+)
 # no exchange (S = 1): what the ring itself reaches, against the shipped kernels at 32768 columns
-_CEILING = (("rms", 32768, (1,)), ("softmax", 32768, (1,)))
+_CEILING = (
+    [("rms", 32768, 1, b, nb, 8, False, e) for b, nb in ((32, 6), (16, 9)) for e in (False, True)]
+    + [("softmax", 32768, 1, b, nb, 8, False, e) for b, nb in ((16, 10), (16, 9)) for e in (False, True)]
+)
 
 
-def _configs(quick, cases=_WIDE):
-    # (kind, N, split, ring buffers, warps): 16 KB chunks; RMSNorm keeps its weight portion too
-    out = []
-    for kind, n, splits in cases:
-        for split in splits:
-            portion = n // split * 2
-            for nb in (6, 8, 10, 12):
-                smem = nb * 16384 + (portion if kind == "rms" else 0)
-                if smem > 200 * 1024 or nb * 16384 < portion:
-                    continue
-                for warps in (4, 8):
-                    out.append((kind, n, split, nb, warps))
-    if quick:
-        out = [c for c in out if c[4] == 8]
-    return out
+def _configs(cases):
+    # the ring holds a whole portion of whole chunks
+    return [c for c in cases if c[4] * c[3] * 256 >= c[1] // c[2] and (c[1] // c[2]) % (c[3] * 256) == 0]
 
 
 def main() -> int:
@@ -267,13 +297,12 @@ def main() -> int:
     copy = copy_bandwidth_gbs(dev)
     print(f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}, Triton {triton.__version__}, "
           f"copy {copy:.0f} GB/s, {sms} SMs")
-    quick = "--quick" in sys.argv
     if "--ceiling" in sys.argv:
         shapes = {("rms", 32768): 8192, ("softmax", 32768): 8192}
-        configs = _configs(quick, _CEILING)
+        configs = _configs(_CEILING)
     else:
         shapes = {("rms", 65536): 4096, ("rms", 262144): 1024, ("softmax", 131072): 4096}
-        configs = _configs(quick)
+        configs = _configs(_WIDE)
     for (kind, n), r in shapes.items():
         x = torch.randn(r, n, dtype=torch.bfloat16, device=dev)
         w = torch.randn(n, dtype=torch.bfloat16, device=dev) if kind == "rms" else None
@@ -289,23 +318,29 @@ def main() -> int:
         nbytes = 2 * x.numel() * x.element_size()
         err = lambda out: ((out.float() - want).norm() / want.norm()).item()  # noqa: E731
         rows = [("shipped", cuda_time_ms(shipped), err(shipped()))]
-        for kind2, n2, split, nb, warps in configs:
+        for kind2, n2, split, boxr, nb, warps, w_smem, early in configs:
             if (kind2, n2) != (kind, n):
                 continue
-            smem = nb * 16384 + (n // split * 2 if kind == "rms" else 0)
-            for per_sm in ((1, 2) if smem <= 110 * 1024 else (1,)):
-                label = f"ring S={split} NB={nb} warps={warps} {per_sm}/SM"
-                try:
+            label = (f"ring S={split} chunk {boxr}x256 NB={nb} warps={warps}" + (" w on chip" if w_smem else "")
+                     + (" early free" if early else ""))
+            try:
+                # one program per SM first (all resident whatever the kernel), then as many as fit
+                k = launch(kind, x, w, y, split, nb, warps, sms, 1, w_smem, boxr, early)
+                torch.cuda.synchronize()
+                fit = occupancy(k, warps)
+                for per_sm in sorted({1, fit}):
+                    lab = f"{label} {per_sm}/SM (regs {k.n_regs}, smem {k.metadata.shared // 1024} KB)"
                     y.fill_(float("nan"))
-                    launch(kind, x, w, y, split, nb, warps, sms, per_sm)
+                    launch(kind, x, w, y, split, nb, warps, sms, per_sm, w_smem, boxr, early)
                     torch.cuda.synchronize()
                     e = err(y)
                     if not e < 1e-2:
-                        rows.append((label + " WRONG", float("inf"), e))
+                        rows.append((lab + " WRONG", float("inf"), e))
                         continue
-                    rows.append((label, cuda_time_ms(lambda: launch(kind, x, w, y, split, nb, warps, sms, per_sm)), e))
-                except Exception as exc:
-                    print(f"  {label}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+                    rows.append((lab, cuda_time_ms(
+                        lambda: launch(kind, x, w, y, split, nb, warps, sms, per_sm, w_smem, boxr, early)), e))
+            except Exception as exc:
+                print(f"  {label}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
         print(f"\n{kind} {r}x{n} bf16 (% of copy, x read once + y written once; rel err vs fp32):")
         for label, ms, e in sorted(rows, key=lambda t: t[1]):
             pct = nbytes / ms / 1e6 / copy * 100 if ms != float("inf") else 0.0
