@@ -204,7 +204,15 @@ def _kernels(p: Problem) -> str:
     from . import policy as pol
     n, t, sms = p.shape[-1], pol.active(), sm_count(p.device)
     fsp = pol.fwd_split_policy(n, sms, t)
-    if fsp.split:
+    ring = None
+    if p.op == "rms_norm" and not p.attrs.get("torch_order"):
+        from .launch import ring_fwd_choice
+        ring = ring_fwd_choice(n, p.dtype, p.device, t)
+    if ring is not None:
+        fwd = (f"ring forward on sm_90 (Gluon: {ring.split} programs of {n // ring.split} columns per row, rows "
+               f"in a TMA ring in shared memory; contiguous 16-byte aligned rows, else "
+               + ("split" if fsp.split else "looped") + " forward)")
+    elif fsp.split:
         fwd = f"split forward ({fsp.split} programs of {fsp.chunk} columns per row)"
     else:
         fp = pol.fwd_policy(1, n, sms, p.op == "rms_norm", t)

@@ -87,6 +87,21 @@ class NormTuning:
     split_blocks_bwd: int = 1
     split_blocks_bwd_wide: int = 8
     split_min_programs_bwd: int = 8  # per SM: fewer blocks per program where the grid would be smaller
+    # ring forward (``ring_sm90.py``: plain RMSNorm rows held in a TMA ring in shared memory, S
+    # programs per row exchanging sums of squares): 2-byte contiguous rows of ring_from..ring_to
+    # columns, a multiple of ring_portion, on sm_90 GPUs with at least ring_min_gbs_per_sm of
+    # datasheet bandwidth per SM (the H200's 36; the H100's 25 is below). Session 21
+    # (scripts/ring_probe.py, runs 4-7): H200 4096x65536 89.4% of copy against the looped 78.9%;
+    # H100 93.1-93.7% against 93.5%; portions of 16384 columns, chunks of 8 x 256, 9 buffers, 4
+    # warps, 6 programs per SM (48 registers, 36 KB). 0 turns it off.
+    ring_min_gbs_per_sm: float = 30.0
+    ring_from: int = 32769
+    ring_to: int = 98304
+    ring_portion: int = 16384
+    ring_box_rows: int = 8
+    ring_buffers: int = 9
+    ring_warps: int = 4
+    ring_programs_per_sm: int = 6
 
 
 DEFAULT_TUNING = NormTuning()
@@ -146,6 +161,34 @@ def fwd_split_policy(n: int, sms: int, t: NormTuning) -> SplitLaunch:
     if split > 2 * sms:  # a row's programs must all be resident at once: two per SM always fit
         return SplitLaunch(0, 0, 1, 1)
     return SplitLaunch(chunk, split, _pow2(split), t.split_warps_fwd)
+
+
+@dataclasses.dataclass(frozen=True)
+class RingLaunch:
+    split: int  # programs per row (portions of ``portion`` columns)
+    split_p2: int
+    chunks: int  # TMA chunks of box_rows x 256 elements per portion
+    box_rows: int
+    buffers: int
+    num_warps: int
+    programs_per_sm: int
+
+
+@functools.lru_cache(maxsize=4096)
+def ring_fwd_policy(n: int, itemsize: int, gbs_per_sm: float, t: NormTuning) -> RingLaunch | None:
+    """The ring forward's launch for plain RMSNorm rows of n (``ring_sm90.py``), or None where
+    another form runs. The caller checks the rest (sm_90, Gluon, contiguous aligned rows).
+    Independent of the row count (batch invariance)."""
+    if t.ring_min_gbs_per_sm <= 0 or gbs_per_sm < t.ring_min_gbs_per_sm or itemsize != 2:
+        return None
+    if not (t.ring_from <= n <= t.ring_to) or n % t.ring_portion:
+        return None
+    chunk = t.ring_box_rows * 256
+    if t.ring_portion % chunk or t.ring_buffers * chunk < t.ring_portion:
+        return None
+    split = n // t.ring_portion
+    return RingLaunch(split, _pow2(split), t.ring_portion // chunk, t.ring_box_rows, t.ring_buffers, t.ring_warps,
+                      t.ring_programs_per_sm)
 
 
 @functools.lru_cache(maxsize=4096)

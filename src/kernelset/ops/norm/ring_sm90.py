@@ -1,0 +1,136 @@
+"""RMSNorm forward for wide rows on sm_90, written in Gluon: rows kept on chip in a TMA ring.
+
+Where it runs (``policy.ring_fwd_policy``): plain RMSNorm (no residual), 2-byte rows of
+49152-131072 columns (a multiple of 16384), contiguous, on an sm_90 GPU whose memory bandwidth per
+SM is H200-class. There the other forms are bound by L2, not HBM: the looped forward reads each
+row twice (the second time from L2) and the weight once per row, and on the H200 L2 delivers about
+what HBM does, so those kernels stop at 78-79% of copy; the register-split form waits at each
+row's barrier with nothing in flight (70-78%).
+
+The ring form (``scripts/ring_probe.py``, docs/benchmarks/2026-11-27-s21):
+- ``S`` programs share a row, a portion of ``P = N / S`` columns each (P = 16384), and walk rows
+  g, g + G, ... together; g and the portion come from a ticket taken in start order (as
+  ``rowsync.claim``), so a group only ever waits on programs that have started;
+- the portion arrives by TMA in chunks of ``[BOXR, 256]`` elements into a ring of ``NB`` shared
+  buffers, issued ``NB`` chunks ahead, so the next row's chunks are in flight while a row's
+  programs exchange their sums of squares (through global memory, as ``rowsync`` does: relaxed
+  stores of the partials, a release count, one thread polling it with acquire loads);
+- the output pass reads each chunk from shared memory, frees its buffer to the TMA (the chunk
+  ``NB`` ahead) and only then loads the weight (from L2) and stores y; the ring is small (36 KB),
+  so six programs share an SM.
+Measured on the H200: 89.4% of copy at 4096x65536 against the looped kernel's 78.9%; on the H100
+93.1-93.7% against 93.5%, so the policy keeps it to H200-class bandwidth.
+
+The partials of a row are summed in portion order (fixed), so a row's result does not depend on
+timing; a portion's own sum follows the compiler's layout (as every Triton reduction here).
+Only imported where Gluon's Hopper module exists; the launcher checks every condition above.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+
+# names that moved after Triton 3.6 (the GPU image's): the TMA load and the CTA barrier
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
+
+@gluon.jit
+def _issue(desc, ring, bars, k, K, g, G, c, row_tiles, P_TILES: gl.constexpr, NCH: gl.constexpr,
+           BOXR: gl.constexpr, NB: gl.constexpr):
+    """TMA load of chunk k of this program's sequence (row g + (k // NCH) G, chunk k % NCH of
+    portion c) into buffer k % NB; nothing past the last chunk K - 1."""
+    r = g + (k // NCH) * G
+    st = k % NB
+    bar = bars.index(st)
+    ok = k < K
+    mbarrier.expect(bar, desc.block_type.nbytes, pred=ok)
+    _tma_load(desc, [r * row_tiles + c * P_TILES + (k % NCH) * BOXR, 0], bar, ring.index(st), pred=ok)
+
+
+@gluon.jit
+def _row_sum(PART, SYNC, r, c, a, S: gl.constexpr, S_P2: gl.constexpr, v_layout: gl.constexpr):
+    """Publish this portion's partial ``a`` of row r, wait until the row's S programs have, and
+    return the row's total (portions summed in order)."""
+    gl.atomic_xchg(PART + r * S_P2 + c, a, sem="relaxed", scope="gpu")
+    gl.atomic_add(SYNC + 1 + r, 1, sem="release", scope="gpu")
+    n = gl.atomic_add(SYNC + 1 + r, 0, sem="acquire", scope="gpu")
+    while n < S:
+        n = gl.atomic_add(SYNC + 1 + r, 0, sem="acquire", scope="gpu")
+    i = gl.arange(0, S_P2, layout=v_layout)
+    # volatile: from L2, never a stale L1 line
+    p = gl.load(PART + r * S_P2 + i, mask=i < S, other=0.0, volatile=True)
+    return gl.sum(p, axis=0)
+
+
+@gluon.jit
+def _rms_ring_fwd_kernel(x_desc, W, Y, RSTD, PART, SYNC, R, N, eps, offset,
+                         HAS_WEIGHT: gl.constexpr, GEMMA_CAST: gl.constexpr, STORE_STATS: gl.constexpr,
+                         S: gl.constexpr, S_P2: gl.constexpr, NCH: gl.constexpr, BOXR: gl.constexpr,
+                         NB: gl.constexpr, num_warps: gl.constexpr):
+    # x_desc: x [R, N] seen as [R * N / 256, 256], box [BOXR, 256] (one chunk); Y [R, N] contiguous
+    CH: gl.constexpr = BOXR * 256
+    P_TILES: gl.constexpr = NCH * BOXR
+    L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[1, 32],
+                                       warps_per_cta=[num_warps, 1], order=[1, 0])
+    V: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[num_warps],
+                                       order=[0])
+    dt: gl.constexpr = x_desc.dtype
+    row_tiles = N // 256
+
+    t = gl.atomic_add(SYNC, 1, sem="relaxed", scope="gpu")  # SYNC[0]: the zeroed ticket counter
+    G = gl.num_programs(0) // S
+    g = t // S
+    c = t % S
+    n_my = gl.maximum((R - g + G - 1) // G, 0)
+    K = n_my * NCH
+
+    bars = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NB):
+        mbarrier.init(bars.index(i), count=1)
+    ring = gl.allocate_shared_memory(dt, [NB, BOXR, 256], x_desc.layout)
+    fence_async_shared()
+    for i in gl.static_range(NB):
+        _issue(x_desc, ring, bars, i, K, g, G, c, row_tiles, P_TILES, NCH, BOXR, NB)
+
+    ri = gl.arange(0, BOXR, layout=gl.SliceLayout(1, L))
+    ci = gl.arange(0, 256, layout=gl.SliceLayout(0, L))
+    offs = ri[:, None] * 256 + ci[None, :]
+    inv_n = 1.0 / N.to(gl.float32)
+    for j in range(n_my):
+        r = g + j * G
+        acc = gl.zeros([BOXR, 256], gl.float32, L)
+        for q in gl.static_range(NCH):
+            k = j * NCH + q
+            mbarrier.wait(bars.index(k % NB), (k // NB) & 1)
+            v = ring.index(k % NB).load(L).to(gl.float32)
+            acc += v * v
+        ssq = gl.sum(gl.sum(acc, axis=1), axis=0)
+        if S > 1:
+            ssq = _row_sum(PART, SYNC, r, c, ssq, S, S_P2, V)
+        rstd = gl.rsqrt(ssq * inv_n + eps)
+        col0 = c * (NCH * CH)
+        ybase = Y + r.to(gl.int64) * N + col0
+        for q in gl.static_range(NCH):
+            k = j * NCH + q
+            xv = ring.index(k % NB).load(L)
+            # the chunk is in registers: every warp is past its read before the TMA refills it
+            _cta_barrier()
+            fence_async_shared()
+            _issue(x_desc, ring, bars, k + NB, K, g, G, c, row_tiles, P_TILES, NCH, BOXR, NB)
+            xn = xv.to(gl.float32) * rstd
+            if HAS_WEIGHT:
+                w = gl.load(W + col0 + q * CH + offs).to(gl.float32) + offset
+                if GEMMA_CAST:
+                    y = xn * w
+                else:
+                    y = xn.to(dt).to(gl.float32) * w
+            else:
+                y = xn
+            gl.store(ybase + q * CH + offs, y.to(dt))
+        if STORE_STATS:
+            if c == 0:
+                gl.store(RSTD + r, rstd)
+    for i in gl.static_range(NB):
+        mbarrier.invalidate(bars.index(i))
