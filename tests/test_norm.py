@@ -432,7 +432,12 @@ def test_explain_names_the_kernels_of_the_row_width(device):
     assert "kernels: block forward;" in explain("layer_norm", 4096, None, None)
     wide = 65536
     exp = explain("rms_norm", wide, torch.randn(wide, dtype=torch.bfloat16, device=device))
-    assert "looped forward; split backward (tiles of" in exp, exp
+    from kernelset.ops.norm.launch import ring_fwd_choice
+    if ring_fwd_choice(wide, torch.bfloat16, device, policy.active()) is not None:  # an H200-class sm_90 GPU
+        assert "ring forward on sm_90 (Gluon: 4 programs of 16384 columns per row" in exp, exp
+        assert "else looped forward); split backward (tiles of" in exp, exp
+    else:
+        assert "looped forward; split backward (tiles of" in exp, exp
     with policy.use(dataclasses.replace(policy.active(), split_chunk_bwd=0)):
         exp = explain("layer_norm", wide, None, None)
     assert "looped backward + dw/db pass" in exp, exp
