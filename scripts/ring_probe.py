@@ -19,7 +19,8 @@ Here the row never leaves the SM and loads never stop:
   freed to the TMA for the chunk ``NB`` ahead as soon as the CTA is done reading it. While a
   program waits at a row's barrier, ``NB - P / CH`` chunks of its next row are in flight.
 
-Probe only (not shipped): compiled for sm_90 with Triton 3.6 on the CPU machine (``--compile``);
+Shipped for RMSNorm rows of 32769-98304 columns on H200-class GPUs (``ops/norm/ring_sm90.py``,
+session 21); the probe keeps the other forms. Compiled for sm_90 with Triton 3.6 on the CPU machine (``--compile``);
 run on a GPU it checks each form against torch in fp32 first, then times it.
 
 Session 21 on the H200 (docs/benchmarks/2026-11-27-s21, runs 2-3), every form correct (rel err
@@ -42,24 +43,15 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
+from kernelset.ops.norm.ring_sm90 import _issue
+
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 LOG2E = gl.constexpr(1.4426950408889634)
 
 
-@gluon.jit
-def _issue(desc, ring, bars, k, K, g, G, c, row_tiles, P_TILES: gl.constexpr, NCH: gl.constexpr,
-           BOXR: gl.constexpr, NB: gl.constexpr):
-    """TMA chunk k of this program's sequence (row g + (k // NCH) G, chunk k % NCH of portion c)."""
-    j = k // NCH
-    q = k % NCH
-    r = g + j * G
-    st = k % NB
-    bar = bars.index(st)
-    ok = k < K
-    mbarrier.expect(bar, desc.block_type.nbytes, pred=ok)
-    _tma_load(desc, [r * row_tiles + c * P_TILES + q * BOXR, 0], bar, ring.index(st), pred=ok)
+# the TMA issue of a chunk is the shipped kernel's (ops/norm/ring_sm90.py, from this probe)
 
 
 @gluon.jit
