@@ -23,14 +23,19 @@ Shipped for RMSNorm rows of 32769-98304 columns on H200-class GPUs (``ops/norm/r
 session 21); the probe keeps the other forms. Compiled for sm_90 with Triton 3.6 on the CPU machine (``--compile``);
 run on a GPU it checks each form against torch in fp32 first, then times it.
 
-Session 21 on the H200 (docs/benchmarks/2026-11-27-s21, runs 2-3), every form correct (rel err
-1.7e-3, as shipped), none better where the bars are:
+Session 21 (docs/benchmarks/2026-11-27-s21), every form correct (rel err 1.7e-3, as shipped).
+The first form (runs 2-3, H200: weight on chip, one program per SM) was no better:
 - RMSNorm 4096x65536: best ring 75.3% (S=2, 6 buffers, 8 warps) against the shipped 78.6%;
   1024x262144: 72.0% (S=8) against 76.7%; softmax 4096x131072: 75.7% (S=4, two per SM) against
   75.8%. More portions per row (S=4, 16) costs 15-20 points: each row's exchange is paid per
   portion, and the lookahead does not hide it (10-12 buffers measured no better than 6).
 - Without an exchange (S=1, ``--ceiling``, 8192x32768): RMSNorm 88.0% against the shipped 84.6%,
   softmax 81.2% (two per SM) against 73.8%: the ring itself reads and writes at ~88% of copy.
+What made it win (runs 4-6, H200) was occupancy: the weight from L2 instead of shared memory and
+smaller rings, so 5-6 programs share an SM (RMSNorm 65536: 75 -> 87%), then each chunk freed to
+the TMA before the output math (89.4%). Best forms, H200 / H100 (run 7) against the shipped
+kernels: RMSNorm 4096x65536 89.4 / 93.7% (78.9 / 93.5%), 1024x262144 81.0 / 87.1% (76.8 / 89.7%),
+softmax 4096x131072 81.8 / 92.5% (77.1 / 91.1%).
 
 Usage: python scripts/ring_probe.py [--compile] [--quick] [--ceiling]
 """
