@@ -1,13 +1,18 @@
 """The RMSNorm ring forward at every width its policy covers (and 32768, outside it) against the
 forms that run with it turned off (ring_min_gbs_per_sm=0), through ks.rms_norm, bf16, ~512 MiB
-moved per call. Usage (GPU): python scripts/ring_widths.py"""
-import dataclasses, torch, kernelset as ks
+moved per call. ``--wider``: the policy stretched to 32768-262144 (the same portion, chunks and
+warps), to see where it would also win. Usage (GPU): python scripts/ring_widths.py [--wider]"""
+import dataclasses, sys, torch, kernelset as ks
 from kernelset.ops.norm import policy
 from kernelset.bench.timing import copy_bandwidth_gbs, cuda_time_ms
 dev = torch.device("cuda"); copy = copy_bandwidth_gbs(dev)
 print(torch.cuda.get_device_name(), f"copy {copy:.0f} GB/s")
 off = dataclasses.replace(policy.active(), ring_min_gbs_per_sm=0)
-for m, n in ((5461, 49152), (4096, 65536), (3276, 81920), (2730, 98304), (8192, 32768)):
+shapes = ((5461, 49152), (4096, 65536), (3276, 81920), (2730, 98304), (8192, 32768))
+if "--wider" in sys.argv:
+    policy.use(dataclasses.replace(policy.active(), ring_from=32768, ring_to=262144)).__enter__()
+    shapes = ((8192, 32768), (2048, 131072), (1024, 262144))
+for m, n in shapes:
     x = torch.randn(m, n, dtype=torch.bfloat16, device=dev); w = torch.randn(n, dtype=torch.bfloat16, device=dev)
     xf = x.float(); want = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype).float() * w.float(); del xf
     nb = 2 * x.numel() * 2
@@ -16,6 +21,6 @@ for m, n in ((5461, 49152), (4096, 65536), (3276, 81920), (2730, 98304), (8192, 
     with policy.use(off):
         y2 = ks.rms_norm(x, w); e2 = ((y2.float() - want).norm() / want.norm()).item()
         t_off = cuda_time_ms(lambda: ks.rms_norm(x, w))
-    kern = "ring" if "ring forward" in str(ks.explain("rms_norm", x, w)) else "other"
+    kern = "ring" if "ring forward" in str(ks.explain("rms_norm", x, w, verbose=False)) else "other"
     print(f"{m}x{n}: default ({kern}) {nb/t_on/1e6/copy*100:5.1f}% err {e:.1e} | ring off {nb/t_off/1e6/copy*100:5.1f}% err {e2:.1e}")
     del x, w, y, y2, want; torch.cuda.empty_cache()
