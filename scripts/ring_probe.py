@@ -19,7 +19,7 @@ Here the row never leaves the SM and loads never stop:
   freed to the TMA for the chunk ``NB`` ahead as soon as the CTA is done reading it. While a
   program waits at a row's barrier, ``NB - P / CH`` chunks of its next row are in flight.
 
-Shipped for RMSNorm rows of 32769-98304 columns on H200-class GPUs (``ops/norm/ring_sm90.py``,
+Shipped for RMSNorm rows of 32768-98304 columns on H200-class GPUs (``ops/norm/ring_sm90.py``,
 session 21); the probe keeps the other forms. Compiled for sm_90 with Triton 3.6 on the CPU machine (``--compile``);
 run on a GPU it checks each form against torch in fp32 first, then times it.
 

@@ -9,18 +9,19 @@ dev = torch.device("cuda"); copy = copy_bandwidth_gbs(dev)
 print(torch.cuda.get_device_name(), f"copy {copy:.0f} GB/s")
 off = dataclasses.replace(policy.active(), ring_min_gbs_per_sm=0)
 shapes = ((5461, 49152), (4096, 65536), (3276, 81920), (2730, 98304), (8192, 32768))
+wider = dataclasses.replace(policy.active(), ring_from=32768, ring_to=262144)
 if "--wider" in sys.argv:
-    policy.use(dataclasses.replace(policy.active(), ring_from=32768, ring_to=262144)).__enter__()
     shapes = ((8192, 32768), (2048, 131072), (1024, 262144))
 for m, n in shapes:
     x = torch.randn(m, n, dtype=torch.bfloat16, device=dev); w = torch.randn(n, dtype=torch.bfloat16, device=dev)
     xf = x.float(); want = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype).float() * w.float(); del xf
     nb = 2 * x.numel() * 2
-    y = ks.rms_norm(x, w); e = ((y.float() - want).norm() / want.norm()).item()
-    t_on = cuda_time_ms(lambda: ks.rms_norm(x, w))
+    with policy.use(wider if "--wider" in sys.argv else policy.active()):
+        y = ks.rms_norm(x, w); e = ((y.float() - want).norm() / want.norm()).item()
+        t_on = cuda_time_ms(lambda: ks.rms_norm(x, w))
+        kern = "ring" if "ring forward" in str(ks.explain("rms_norm", x, w, verbose=False)) else "other"
     with policy.use(off):
         y2 = ks.rms_norm(x, w); e2 = ((y2.float() - want).norm() / want.norm()).item()
         t_off = cuda_time_ms(lambda: ks.rms_norm(x, w))
-    kern = "ring" if "ring forward" in str(ks.explain("rms_norm", x, w, verbose=False)) else "other"
     print(f"{m}x{n}: default ({kern}) {nb/t_on/1e6/copy*100:5.1f}% err {e:.1e} | ring off {nb/t_off/1e6/copy*100:5.1f}% err {e2:.1e}")
     del x, w, y, y2, want; torch.cuda.empty_cache()

@@ -628,14 +628,15 @@ def test_split_forward_keeps_its_chunk_16_bit():
 
 
 def test_ring_policy_widths_dtypes_and_bandwidth_class():
-    """The ring forward runs for 2-byte rows of 32769..98304 columns in 16384-column portions, on
+    """The ring forward runs for 2-byte rows of 32768..98304 columns in 16384-column portions, on
     GPUs of H200-class bandwidth per SM only (36 GB/s per SM there, 25 on the H100), and is off at 0."""
     t = policy.DEFAULT_TUNING
     rp = policy.ring_fwd_policy(65536, 2, 36.4, t)
     assert (rp.split, rp.split_p2, rp.chunks, rp.box_rows, rp.buffers, rp.num_warps) == (4, 4, 8, 8, 9, 4)
+    assert policy.ring_fwd_policy(32768, 2, 36.4, t).split == 2
     assert policy.ring_fwd_policy(49152, 2, 36.4, t).split == 3
     assert policy.ring_fwd_policy(98304, 2, 36.4, t).split_p2 == 8
-    for n in (32768, 65536 + 256, 114688, 131072, 262144):
+    for n in (16384, 24576, 65536 + 256, 114688, 131072, 262144):
         assert policy.ring_fwd_policy(n, 2, 36.4, t) is None, n
     assert policy.ring_fwd_policy(65536, 4, 36.4, t) is None  # fp32 rows
     assert policy.ring_fwd_policy(65536, 2, 25.4, t) is None  # the H100's class

@@ -93,9 +93,12 @@ class NormTuning:
     # datasheet bandwidth per SM (the H200's 36; the H100's 25 is below). Session 21
     # (scripts/ring_probe.py, runs 4-7): H200 4096x65536 89.4% of copy against the looped 78.9%;
     # H100 93.1-93.7% against 93.5%; portions of 16384 columns, chunks of 8 x 256, 9 buffers, 4
-    # warps, 6 programs per SM (48 registers, 36 KB). 0 turns it off.
+    # warps, 6 programs per SM (48 registers, 36 KB). Through ks.rms_norm on the H200
+    # (scripts/ring_widths.py, runs 11-12) at 32768 / 49152 / 65536 / 81920 / 98304 columns:
+    # 89.6 / 88.6 / 87.7 / 82.8 / 83.1% against 84.7 / 74.9 / 78.9 / 78.6 / 79.2%; at 131072 and
+    # 262144 it loses to the split forward (78.6 / 75.2% against 78.9 / 77.1%). 0 turns it off.
     ring_min_gbs_per_sm: float = 30.0
-    ring_from: int = 32769
+    ring_from: int = 32768
     ring_to: int = 98304
     ring_portion: int = 16384
     ring_box_rows: int = 8

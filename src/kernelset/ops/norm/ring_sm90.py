@@ -1,7 +1,7 @@
 """RMSNorm forward for wide rows on sm_90, written in Gluon: rows kept on chip in a TMA ring.
 
 Where it runs (``policy.ring_fwd_policy``): plain RMSNorm (no residual), 2-byte rows of
-49152-131072 columns (a multiple of 16384), contiguous, on an sm_90 GPU whose memory bandwidth per
+32768-98304 columns (a multiple of 16384), contiguous, on an sm_90 GPU whose memory bandwidth per
 SM is H200-class. There the other forms are bound by L2, not HBM: the looped forward reads each
 row twice (the second time from L2) and the weight once per row, and on the H200 L2 delivers about
 what HBM does, so those kernels stop at 78-79% of copy; the register-split form waits at each
