@@ -48,7 +48,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from kernelset.ops.norm.ring_sm90 import _issue
+from kernelset.ops.ring_sm90 import issue_chunk as _issue
 
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
@@ -56,7 +56,7 @@ _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 LOG2E = gl.constexpr(1.4426950408889634)
 
 
-# the TMA issue of a chunk is the shipped kernel's (ops/norm/ring_sm90.py, from this probe)
+# the TMA issue of a chunk is the shipped kernels' (ops/ring_sm90.py, from this probe)
 
 
 @gluon.jit

@@ -29,24 +29,10 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-# names that moved after Triton 3.6 (the GPU image's): the TMA load and the CTA barrier
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-_cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
-
-
-@gluon.jit
-def _issue(desc, ring, bars, k, K, g, G, c, row_tiles, P_TILES: gl.constexpr, NCH: gl.constexpr,
-           BOXR: gl.constexpr, NB: gl.constexpr):
-    """TMA load of chunk k of this program's sequence (row g + (k // NCH) G, chunk k % NCH of
-    portion c) into buffer k % NB; nothing past the last chunk K - 1."""
-    r = g + (k // NCH) * G
-    st = k % NB
-    bar = bars.index(st)
-    ok = k < K
-    mbarrier.expect(bar, desc.block_type.nbytes, pred=ok)
-    _tma_load(desc, [r * row_tiles + c * P_TILES + (k % NCH) * BOXR, 0], bar, ring.index(st), pred=ok)
+from ..ring_sm90 import cta_barrier as _cta_barrier
+from ..ring_sm90 import issue_chunk as _issue
 
 
 @gluon.jit
