@@ -12,6 +12,7 @@ import kernelset as ks
 from kernelset.core.registry import impls
 from kernelset.core.tolerance import rel_err, tolerance
 from kernelset.ops.softmax import launch
+from kernelset.ops.softmax import reference as sref
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 DT_IDS = lambda d: str(d).replace("torch.", "")  # noqa: E731
@@ -251,3 +252,124 @@ def test_looped_forward_takes_131072_wide_two_byte_rows():
         assert split(n, 2) > 0 and split(n, 4) > 0, n
     p = launch.policy(4096, 131072, t.max_block_fwd, 132, t)
     assert p.looped and p.ept == t.looped_ept and p.block_n % p.ept == 0
+
+
+# ---- the ring forward (ring_sm90.py: sm_90, Gluon; off by default) ----------------------------
+
+RING = dataclasses.replace(launch.SoftmaxTuning(), ring=True)
+
+
+def test_ring_policy():
+    """Off by default; when on, 2-byte rows of 32768..131072 columns in 32768-column portions."""
+    assert launch.ring_policy(131072, 2, launch.SoftmaxTuning()) is None
+    rp = launch.ring_policy(131072, 2, RING)
+    assert (rp.split, rp.split_p2, rp.chunks, rp.box_rows, rp.buffers, rp.num_warps) == (4, 4, 8, 16, 9, 8)
+    assert launch.ring_policy(32768, 2, RING).split == 1
+    assert launch.ring_policy(98304, 2, RING).split_p2 == 4
+    for n in (16384, 40000, 262144):
+        assert launch.ring_policy(n, 2, RING) is None, n
+    assert launch.ring_policy(131072, 4, RING) is None  # fp32 rows
+
+
+def test_ring_choice_needs_sm90_cuda(device):
+    if device.type != "cuda":
+        assert launch.ring_choice(131072, torch.bfloat16, device, RING) is None
+
+
+_RING_AOT = r"""
+import json, triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+from kernelset.ops.softmax import ring_sm90 as K
+from kernelset.ops.softmax.launch import SoftmaxTuning, ring_policy
+
+out = []
+fn = K._softmax_ring_fwd_kernel
+for n, dt, log, ydt in ((131072, "bf16", False, "bf16"), (131072, "fp16", True, "fp16"), (32768, "bf16", False, "fp32")):
+    rp = ring_policy(n, 2, SoftmaxTuning(ring=True))
+    lay = gl.NVMMASharedLayout.get_default_for([rp.box_rows, 256], gl.bfloat16 if dt == "bf16" else gl.float16)
+    sig = dict(x_desc=f"tensordesc<{dt}[{rp.box_rows}, 256],{lay!r}>", Y=f"*{ydt}", PART="*fp32", SYNC="*i32",
+               R="i32", N="i32", inv_t="fp32")
+    consts = dict(LOG=log, S=rp.split, S_P2=rp.split_p2, NCH=rp.chunks, BOXR=rp.box_rows, NB=rp.buffers,
+                  num_warps=rp.num_warps)
+    full = {a: sig.get(a) or "constexpr" for a in fn.arg_names}
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in ("Y", "PART", "SYNC", "N")}
+    c = triton.compile(GluonASTSource(fn, signature=full, constexprs=consts, attrs=attrs),
+                       target=GPUTarget("cuda", 90, 32), options=dict(num_warps=rp.num_warps))
+    ptx = c.asm["ptx"]
+    out.append(dict(case=f"{n}-{dt}-log{int(log)}-{ydt}", local="ld.local" in ptx or "st.local" in ptx,
+                    vec="st.global.v4" in ptx, tma="cp.async.bulk.tensor" in ptx, smem=c.metadata.shared,
+                    acquire=("ld.global.gpu.acquire" in ptx) or rp.split == 1, per_sm=rp.programs_per_sm))
+print(json.dumps(out))
+"""
+
+
+def test_ring_kernel_compiles_for_sm90():
+    """The softmax ring forward compiles for sm_90 with this machine's Triton (Gluon): TMA loads,
+    16-byte stores, the row's count polled with acquire loads where a row has several portions, no
+    spills, and the policy's programs per SM fit an SM's 228 KB of shared memory."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    for r in compile_report(_RING_AOT, 3):
+        assert r["tma"] and r["acquire"], r
+        assert r["per_sm"] * (r["smem"] + 1024) <= 228 * 1024, r
+
+
+def _ring_gpu(device):
+    if device.type != "cuda" or launch.ring_choice(131072, torch.bfloat16, device, RING) is None:
+        pytest.skip("the ring forward needs an sm_90 GPU with Gluon")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("n", [32768, 131072])
+def test_ring_forward_matches_reference(n, log, dtype, device, monkeypatch):
+    """The ring forward (turned on) against the fp32 reference with a temperature, the output
+    poisoned first; a row of -inf gives NaN as torch does, a row with -inf entries does not; a
+    row's result is the same bits in any batch; strided rows take the other forward."""
+    _ring_gpu(device)
+    launched = []
+    real = launch._ring_fwd
+    monkeypatch.setattr(launch, "_ring_fwd", lambda *a: launched.append(real(*a)) or launched[-1])
+    m = 200
+    x = torch.randn(m, n, dtype=dtype, device=device) * 3
+    x[5] = float("-inf")
+    x[6, ::3] = float("-inf")
+    with launch.use(RING):
+        poisoned = torch.full_like(x, float("nan"))
+        del poisoned  # y gets this block from torch's caching allocator: NaN until written
+        y = launch.softmax_fwd(x, 0.7, log, dtype)
+        one = launch.softmax_fwd(x[9:10].clone(), 0.7, log, dtype)
+        wide = torch.randn(4, 2 * n, dtype=dtype, device=device)[:, :n]
+        ys = launch.softmax_fwd(wide, 0.7, log, dtype)
+    assert launched == [True, True, False], launched
+    want = sref.fwd(x, 0.7, log, torch.float32)
+    assert y[5].isnan().all()
+    keep = torch.ones(m, dtype=torch.bool, device=device)
+    keep[5] = False
+    assert not y[keep].isnan().any()
+    finite = want[keep].isfinite()
+    assert torch.equal(y[keep].isfinite(), finite)
+    assert rel_err(y[keep].float()[finite], want[keep][finite]) <= tolerance("norm", dtype)
+    assert torch.equal(one[0], y[9])
+    assert rel_err(ys, sref.fwd(wide, 0.7, log, torch.float32)) <= tolerance("norm", dtype)
+
+
+@pytest.mark.gpu
+def test_ring_forward_through_the_api_and_autograd(device):
+    """``ks.softmax`` takes the ring forward when it is on (explain says so), and the backward
+    from its output matches the reference."""
+    _ring_gpu(device)
+    x = torch.randn(64, 65536, dtype=torch.bfloat16, device=device, requires_grad=True)
+    dy = torch.randn_like(x)
+    with launch.use(RING):
+        assert "ring forward on sm_90 (Gluon: 2 programs of 32768 columns per row" in str(
+            ks.explain("softmax", x, verbose=False))
+        y = ks.softmax(x, backend="triton")
+        y.backward(dy)
+    xr = x.detach().float().requires_grad_()
+    yr = torch.softmax(xr, -1)
+    yr.backward(dy.float())
+    assert rel_err(y, yr) <= tolerance("norm", torch.bfloat16)
+    assert rel_err(x.grad, xr.grad) <= tolerance("norm", torch.bfloat16, grad=True)

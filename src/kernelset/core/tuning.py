@@ -19,6 +19,30 @@ class SplitLaunch:
     num_warps: int
 
 
+@dataclasses.dataclass(frozen=True)
+class RingLaunch:
+    """A ring kernel's launch (kernelset/ops/ring_sm90.py: rows held in a TMA ring in shared
+    memory on sm_90), what the ring policies of the norm and softmax families return."""
+    split: int  # programs per row (portions of equal width)
+    split_p2: int  # next power of two: the partials' row pitch
+    chunks: int  # TMA chunks of box_rows x 256 elements per portion
+    box_rows: int
+    buffers: int  # chunks of the ring
+    num_warps: int
+    programs_per_sm: int  # what the kernel's shared memory and registers let one SM hold
+
+
+def ring_launch(n: int, portion: int, box_rows: int, buffers: int, num_warps: int,
+                programs_per_sm: int) -> RingLaunch | None:
+    """Rows of n in portions of ``portion`` columns, or None where n does not split so."""
+    chunk = box_rows * 256
+    if n % portion or portion % chunk or buffers * chunk < portion:
+        return None
+    split = n // portion
+    return RingLaunch(split, 1 << max(0, (split - 1).bit_length()), portion // chunk, box_rows, buffers, num_warps,
+                      programs_per_sm)
+
+
 def hash_once(cls: type[T]) -> type[T]:
     """Class decorator for a frozen tuning dataclass: its hash is computed once per instance.
     Launch policies are ``lru_cache``d on (shape..., tuning) on every call, and a generated

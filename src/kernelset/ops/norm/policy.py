@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from ...core.tuning import SplitLaunch, TuningStack, hash_once
+from ...core.tuning import RingLaunch, SplitLaunch, TuningStack, hash_once, ring_launch  # noqa: F401
 
 
 @hash_once
@@ -166,17 +166,6 @@ def fwd_split_policy(n: int, sms: int, t: NormTuning) -> SplitLaunch:
     return SplitLaunch(chunk, split, _pow2(split), t.split_warps_fwd)
 
 
-@dataclasses.dataclass(frozen=True)
-class RingLaunch:
-    split: int  # programs per row (portions of ``portion`` columns)
-    split_p2: int
-    chunks: int  # TMA chunks of box_rows x 256 elements per portion
-    box_rows: int
-    buffers: int
-    num_warps: int
-    programs_per_sm: int
-
-
 @functools.lru_cache(maxsize=4096)
 def ring_fwd_policy(n: int, itemsize: int, gbs_per_sm: float, t: NormTuning) -> RingLaunch | None:
     """The ring forward's launch for plain RMSNorm rows of n (``ring_sm90.py``), or None where
@@ -184,14 +173,9 @@ def ring_fwd_policy(n: int, itemsize: int, gbs_per_sm: float, t: NormTuning) -> 
     Independent of the row count (batch invariance)."""
     if t.ring_min_gbs_per_sm <= 0 or gbs_per_sm < t.ring_min_gbs_per_sm or itemsize != 2:
         return None
-    if not (t.ring_from <= n <= t.ring_to) or n % t.ring_portion:
+    if not (t.ring_from <= n <= t.ring_to):
         return None
-    chunk = t.ring_box_rows * 256
-    if t.ring_portion % chunk or t.ring_buffers * chunk < t.ring_portion:
-        return None
-    split = n // t.ring_portion
-    return RingLaunch(split, _pow2(split), t.ring_portion // chunk, t.ring_box_rows, t.ring_buffers, t.ring_warps,
-                      t.ring_programs_per_sm)
+    return ring_launch(n, t.ring_portion, t.ring_box_rows, t.ring_buffers, t.ring_warps, t.ring_programs_per_sm)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -63,8 +63,27 @@ def _t_bwd(dy, y, temperature, log, x_dtype):
     return softmax_bwd(dy, y, temperature, log, x_dtype)
 
 
+def _kernels(p: Problem) -> str:
+    """Which forward kernel rows of this width take (what ``ks.explain`` prints for the Triton impl)."""
+    from ...core.arch import sm_count
+    from . import launch as L
+    n, t = p.shape[-1], L.active()
+    esize = torch.empty((), dtype=p.dtype).element_size()
+    if n <= t.max_block_fwd:
+        return "kernels: block forward"
+    sp = L.split_policy(n, t.max_block_fwd, t.split_chunk_fwd, t.split_min_fwd, t.looped_only_fwd, esize,
+                        sm_count(p.device), t)
+    other = f"split forward ({sp.split} programs of {sp.chunk} columns per row)" if sp.split else "looped forward"
+    rp = L.ring_choice(n, p.dtype, p.device, t) if t.ring else None
+    if rp is not None:
+        return (f"kernels: ring forward on sm_90 (Gluon: {rp.split} programs of {n // rp.split} columns per row, "
+                f"rows in a TMA ring in shared memory; contiguous 16-byte aligned rows, else {other})")
+    return f"kernels: {other}"
+
+
 for _name in ("softmax", "log_softmax"):
     register_impl(Impl(op=_name, backend=Backend.TRITON, forward=_t_fwd, backward=_t_bwd, supports=triton_rows,
+                       detail=_kernels,
                        priority=100, arch=ArchRange(min=(7, 0)), requires=("triton",),
                        note="kernelset's own; rows in registers, online (max, sum) for long rows"))
     register_impl(Impl(op=_name, backend=Backend.REFERENCE, forward=ref.fwd, backward=ref.bwd,

@@ -7,9 +7,9 @@ import functools
 import torch
 
 from ...core.alloc import empty
-from ...core.arch import sm_count
+from ...core.arch import device_arch, sm_count
 from ...core.checks import row_stride
-from ...core.tuning import SplitLaunch, TuningStack, hash_once
+from ...core.tuning import RingLaunch, SplitLaunch, TuningStack, hash_once, ring_launch
 from ..rowsync import launches
 from ..triton_launch import FastKernel
 from .kernels import (_softmax_bwd_kernel, _softmax_bwd_looped_kernel, _softmax_bwd_split_kernel, _softmax_fwd_kernel,
@@ -58,6 +58,20 @@ class SoftmaxTuning:
     split_min_fwd: int = 0
     split_min_bwd: int = 131072
     split_warps: int = 4
+    # ring forward (``ring_sm90.py``, sm_90, Gluon: rows held in a TMA ring in shared memory, the
+    # row's portions exchanging (max, sum)): 2-byte contiguous rows of ring_from..ring_to columns,
+    # a multiple of ring_portion. ``scripts/ring_probe.py`` at 4096x131072 (portions of 32768,
+    # chunks of 16 x 256, 9 buffers, 8 warps, 3 programs per SM): H200 81.8% of copy against 77.1%,
+    # H100 91.9% against 91.1% (session 21, runs 5-7); 8192x32768 on the H200 82.0% against 73.8%.
+    # Off until a GPU session has run this launcher and its tests (tests/test_softmax.py forces it).
+    ring: bool = False
+    ring_from: int = 32768
+    ring_to: int = 131072
+    ring_portion: int = 32768
+    ring_box_rows: int = 16
+    ring_buffers: int = 9
+    ring_warps: int = 8
+    ring_programs_per_sm: int = 3
 
 
 _tuning = TuningStack(SoftmaxTuning())
@@ -103,6 +117,63 @@ def policy(m: int, n: int, max_block: int, sms: int, t: SoftmaxTuning) -> Softma
     return SoftmaxLaunch(False, block, rows, 1 << (warps.bit_length() - 1), -(-m // rows), 1)
 
 
+@functools.lru_cache(maxsize=4096)
+def ring_policy(n: int, itemsize: int, t: SoftmaxTuning) -> RingLaunch | None:
+    """The ring forward's launch for rows of n (``ring_sm90.py``), or None where another form
+    runs; the caller checks the device and the tensors. Independent of the row count."""
+    if not t.ring or itemsize != 2 or not (t.ring_from <= n <= t.ring_to):
+        return None
+    return ring_launch(n, t.ring_portion, t.ring_box_rows, t.ring_buffers, t.ring_warps, t.ring_programs_per_sm)
+
+
+@functools.lru_cache(maxsize=None)
+def ring_module():
+    """(ring_sm90, None), or (None, why) where Gluon's Hopper module does not import."""
+    try:
+        from . import ring_sm90
+    except Exception as exc:  # noqa: BLE001 - any import failure makes the kernel unavailable, with its reason
+        return None, f"{type(exc).__name__}: {exc}"
+    return ring_sm90, None
+
+
+def ring_choice(n: int, dtype: torch.dtype, device: torch.device, t: SoftmaxTuning) -> RingLaunch | None:
+    """The ring forward's launch where it applies to rows of n on this device (sm_90, Gluon)."""
+    if device.type != "cuda" or device_arch(device) != (9, 0) or not dtype.is_floating_point:
+        return None
+    rp = ring_policy(n, torch.empty((), dtype=dtype).element_size(), t)
+    return rp if rp is not None and ring_module()[0] is not None else None
+
+
+@functools.lru_cache(maxsize=None)
+def _ring_kernel() -> FastKernel:
+    return FastKernel(ring_module()[0]._softmax_ring_fwd_kernel)
+
+
+@functools.lru_cache(maxsize=None)
+def _ring_layout(box_rows: int, dtype: torch.dtype):
+    from triton.experimental.gluon import language as gl
+    return gl.NVMMASharedLayout.get_default_for([box_rows, 256], gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
+
+
+def _ring_fwd(x: torch.Tensor, y: torch.Tensor, m: int, n: int, temperature: float, log: bool, rp: RingLaunch,
+              sms: int) -> bool:
+    """Launch the ring forward where the tensors allow it (contiguous 16-byte aligned rows, one
+    synchronized launch); False where they do not, and nothing ran."""
+    if not (x.is_contiguous() and x.data_ptr() % 16 == 0):
+        return False
+    phases = launches(x.device, m, 2, rp.split_p2)
+    if len(phases) != 1:  # the two-launch form was asked for: the ring has none
+        return False
+    _, sync, part = phases[0]
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    desc = TensorDescriptor(x.view(-1, 256), [m * n // 256, 256], [256, 1], [rp.box_rows, 256],
+                            _ring_layout(rp.box_rows, x.dtype))
+    groups = max(1, min(m, rp.programs_per_sm * sms // rp.split))
+    _ring_kernel()((groups * rp.split,), desc, y, part, sync, m, n, 1.0 / temperature, LOG=log, S=rp.split,
+                   S_P2=rp.split_p2, NCH=rp.chunks, BOXR=rp.box_rows, NB=rp.buffers, num_warps=rp.num_warps)
+    return True
+
+
 def softmax_fwd(x: torch.Tensor, temperature: float, log: bool, out_dtype: torch.dtype) -> torch.Tensor:
     n = x.shape[-1]
     m = x.numel() // n if n else 0
@@ -114,6 +185,10 @@ def softmax_fwd(x: torch.Tensor, temperature: float, log: bool, out_dtype: torch
     # (rows the block kernel holds skip the split policy: sampling at decode calls this per token)
     sp = split_policy(n, t.max_block_fwd, t.split_chunk_fwd, t.split_min_fwd, t.looped_only_fwd, x.element_size(), sms,
                       t) if n > t.max_block_fwd else None
+    if n > t.max_block_fwd and t.ring:
+        rp = ring_choice(n, x.dtype, x.device, t)
+        if rp is not None and _ring_fwd(x, y, m, n, temperature, log, rp, sms):
+            return y
     if sp is not None and sp.split:
         for phase, sync, part in launches(x.device, m, 2, sp.split_p2):
             _fwd_split((m * sp.split,), x, y, part, sync, m, n, sp.split, row_stride(x), n, 1.0 / temperature, LOG=log,

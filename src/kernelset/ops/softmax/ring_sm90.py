@@ -1,0 +1,123 @@
+"""Softmax / log_softmax forward for wide rows on sm_90, written in Gluon: rows kept on chip in a
+TMA ring (``ops/ring_sm90.py``), as the RMSNorm ring forward (``ops/norm/ring_sm90.py``).
+
+The looped forward reads each row twice (the second time from L2) and the split forward holds a
+chunk in registers at each row's barrier with nothing in flight: on the H200 both stop at 72-77%
+of copy at 4096x131072 (the H100 89-91%). Here a row's portions of ``P = N / S`` columns (one
+program each) arrive by TMA into a ring of ``NB`` chunks issued ahead; the programs exchange each
+portion's (max, sum of exponentials) through global memory (the rowsync protocol), then write
+``exp(z - max) / sum`` (or ``z - max - log sum``) from the ring. Per element and lane the
+statistics pass keeps a running max and sum (base 2), merged once per portion.
+
+``scripts/ring_probe.py`` measured this form (runs 5-7, docs/benchmarks/2026-11-27-s21) at
+4096x131072, S = 4, chunks of 16 x 256, 9 buffers, 8 warps, 3 programs per SM: H200 81.8% of copy
+against the shipped 77.1%, H100 91.9% against 91.1%. Launched through ``launch.softmax_fwd``
+only where ``SoftmaxTuning.ring`` is on (off by default until a GPU session has run this
+launcher and its tests: session 21 wrote it with no GPU time left).
+
+A row of all -inf gives NaN, as torch does. Partials are merged in portion order (fixed).
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
+
+from ..ring_sm90 import cta_barrier, issue_chunk
+
+LOG2E = gl.constexpr(1.4426950408889634)
+LN2 = gl.constexpr(0.6931471805599453)
+
+
+@gluon.jit
+def _row_stats(PART, SYNC, r, c, m_c, s_c, S: gl.constexpr, S_P2: gl.constexpr, v_layout: gl.constexpr):
+    """Publish this portion's (max, sum) of row r (base 2), wait for the row's S programs, return
+    the row's (max, sum)."""
+    base = PART + r * (2 * S_P2) + c
+    gl.atomic_xchg(base, m_c, sem="relaxed", scope="gpu")
+    gl.atomic_xchg(base + S_P2, s_c, sem="relaxed", scope="gpu")
+    gl.atomic_add(SYNC + 1 + r, 1, sem="release", scope="gpu")
+    n = gl.atomic_add(SYNC + 1 + r, 0, sem="acquire", scope="gpu")
+    while n < S:
+        n = gl.atomic_add(SYNC + 1 + r, 0, sem="acquire", scope="gpu")
+    i = gl.arange(0, S_P2, layout=v_layout)
+    ok = i < S
+    # volatile: from L2, never a stale L1 line
+    pm = gl.load(PART + r * (2 * S_P2) + i, mask=ok, other=float("-inf"), volatile=True)
+    ps = gl.load(PART + r * (2 * S_P2) + S_P2 + i, mask=ok, other=0.0, volatile=True)
+    m = gl.max(pm, axis=0)
+    ms = gl.where(m == float("-inf"), 0.0, m)
+    return m, gl.sum(ps * gl.exp2(pm - ms), axis=0)
+
+
+@gluon.jit
+def _softmax_ring_fwd_kernel(x_desc, Y, PART, SYNC, R, N, inv_t, LOG: gl.constexpr, S: gl.constexpr,
+                             S_P2: gl.constexpr, NCH: gl.constexpr, BOXR: gl.constexpr, NB: gl.constexpr,
+                             num_warps: gl.constexpr):
+    # x_desc: x [R, N] seen as [R * N / 256, 256], box [BOXR, 256] (one chunk); Y [R, N] contiguous
+    CH: gl.constexpr = BOXR * 256
+    P_TILES: gl.constexpr = NCH * BOXR
+    L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[1, 32],
+                                       warps_per_cta=[num_warps, 1], order=[1, 0])
+    V: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[num_warps],
+                                       order=[0])
+    dt: gl.constexpr = x_desc.dtype
+    row_tiles = N // 256
+    scale = inv_t * LOG2E  # z in base 2: x / temperature * log2(e)
+
+    t = gl.atomic_add(SYNC, 1, sem="relaxed", scope="gpu")  # SYNC[0]: the zeroed ticket counter
+    G = gl.num_programs(0) // S
+    g = t // S
+    c = t % S
+    n_my = gl.maximum((R - g + G - 1) // G, 0)
+    K = n_my * NCH
+
+    bars = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NB):
+        mbarrier.init(bars.index(i), count=1)
+    ring = gl.allocate_shared_memory(dt, [NB, BOXR, 256], x_desc.layout)
+    fence_async_shared()
+    for i in gl.static_range(NB):
+        issue_chunk(x_desc, ring, bars, i, K, g, G, c, row_tiles, P_TILES, NCH, BOXR, NB)
+
+    ri = gl.arange(0, BOXR, layout=gl.SliceLayout(1, L))
+    ci = gl.arange(0, 256, layout=gl.SliceLayout(0, L))
+    offs = ri[:, None] * 256 + ci[None, :]
+    for j in range(n_my):
+        r = g + j * G
+        m_run = gl.full([BOXR, 256], float("-inf"), gl.float32, L)
+        s_run = gl.zeros([BOXR, 256], gl.float32, L)
+        for q in gl.static_range(NCH):
+            k = j * NCH + q
+            mbarrier.wait(bars.index(k % NB), (k // NB) & 1)
+            z = ring.index(k % NB).load(L).to(gl.float32) * scale
+            m_new = gl.maximum(m_run, z)
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # -inf lanes stay at sum 0
+            s_run = s_run * gl.exp2(m_run - m_use) + gl.exp2(z - m_use)
+            m_run = m_new
+        m_c = gl.max(gl.max(m_run, axis=1), axis=0)
+        m_cs = gl.where(m_c == float("-inf"), 0.0, m_c)
+        s_c = gl.sum(gl.sum(s_run * gl.exp2(m_run - m_cs), axis=1), axis=0)
+        if S > 1:
+            m_c, s_c = _row_stats(PART, SYNC, r, c, m_c, s_c, S, S_P2, V)
+        m_s = gl.where(m_c == float("-inf"), 0.0, m_c)  # an all -inf row gives NaN below, as torch does
+        ybase = Y + r.to(gl.int64) * N + c * (NCH * CH)
+        if LOG:
+            shift = m_s + gl.log2(s_c)
+        else:
+            inv_s = 1.0 / s_c
+        for q in gl.static_range(NCH):
+            k = j * NCH + q
+            xv = ring.index(k % NB).load(L)
+            # the chunk is in registers: every warp is past its read before the TMA refills it
+            cta_barrier()
+            fence_async_shared()
+            issue_chunk(x_desc, ring, bars, k + NB, K, g, G, c, row_tiles, P_TILES, NCH, BOXR, NB)
+            z = xv.to(gl.float32) * scale
+            if LOG:
+                y = (z - shift) * LN2
+            else:
+                y = gl.exp2(z - m_s) * inv_s
+            gl.store(ybase + q * CH + offs, y.to(Y.dtype.element_ty))
+    for i in gl.static_range(NB):
+        mbarrier.invalidate(bars.index(i))
