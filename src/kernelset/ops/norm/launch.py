@@ -55,7 +55,7 @@ def ring_fwd_choice(n: int, dtype: torch.dtype, device: torch.device, tuning: No
     are the launcher's): sm_90, Gluon importable, the policy's widths and bandwidth class."""
     if device.type != "cuda" or device_arch(device) != (9, 0):
         return None
-    rp = ring_fwd_policy(n, torch.empty((), dtype=dtype).element_size() if dtype.is_floating_point else 0,
+    rp = ring_fwd_policy(n, dtype.itemsize if dtype.is_floating_point else 0,
                          gbs_per_sm(device), tuning)
     if rp is None or ring_module()[0] is None:
         return None

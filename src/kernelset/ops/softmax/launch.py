@@ -140,7 +140,7 @@ def ring_choice(n: int, dtype: torch.dtype, device: torch.device, t: SoftmaxTuni
     """The ring forward's launch where it applies to rows of n on this device (sm_90, Gluon)."""
     if device.type != "cuda" or device_arch(device) != (9, 0) or not dtype.is_floating_point:
         return None
-    rp = ring_policy(n, torch.empty((), dtype=dtype).element_size(), t)
+    rp = ring_policy(n, dtype.itemsize, t)
     return rp if rp is not None and ring_module()[0] is not None else None
 
 
