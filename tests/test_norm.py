@@ -771,3 +771,25 @@ def test_ring_forward_through_the_api_and_autograd(device):
     assert rel_err(y, yr) <= tolerance("norm", torch.bfloat16)
     assert rel_err(x.grad, xr.grad) <= tolerance("norm", torch.bfloat16, grad=True)
     assert rel_err(w.grad, wr.grad) <= tolerance("norm", torch.bfloat16, grad=True)
+
+
+def test_ring_launch_args(monkeypatch):
+    """The ring launch's host side on any machine: x seen as [rows * n / 256, 256] in chunks of
+    [8, 256], one group of S programs per row up to the programs that fit at once; strided or
+    misaligned rows, and the two-launch form, get no ring launch."""
+    pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    from kernelset.core.tuning import ring_launch
+    from kernelset.ops import ring
+    monkeypatch.setattr(ring, "launches", lambda dev, m, nslot, p2: ((0, ("sync", m), ("part", m * nslot * p2)),))
+    rp = ring_launch(65536, 16384, 8, 9, 4, 6)
+    x = torch.randn(10, 65536, dtype=torch.bfloat16)
+    grid, desc, sync, part = ring.launch_args(x, 10, 65536, 1, rp, 132)
+    assert grid == (40,) and sync == ("sync", 10) and part == ("part", 40)
+    assert list(desc.shape) == [2560, 256] and list(desc.block_shape) == [8, 256]
+    big = torch.empty(1000, 65536, dtype=torch.bfloat16)
+    assert ring.launch_args(big, 1000, 65536, 1, rp, 132)[0] == ((6 * 132 // 4) * 4,)
+    assert ring.launch_args(torch.randn(10, 2 * 65536, dtype=torch.bfloat16)[:, :65536], 10, 65536, 1, rp, 132) is None
+    flat = torch.randn(10 * 65536 + 1, dtype=torch.bfloat16)[1:].view(10, 65536)  # 2 bytes off alignment
+    assert ring.launch_args(flat, 10, 65536, 1, rp, 132) is None
+    monkeypatch.setattr(ring, "launches", lambda dev, m, nslot, p2: ((1, None, None), (2, None, None)))
+    assert ring.launch_args(x, 10, 65536, 1, rp, 132) is None

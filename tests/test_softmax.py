@@ -373,3 +373,24 @@ def test_ring_forward_through_the_api_and_autograd(device):
     yr.backward(dy.float())
     assert rel_err(y, yr) <= tolerance("norm", torch.bfloat16)
     assert rel_err(x.grad, xr.grad) <= tolerance("norm", torch.bfloat16, grad=True)
+
+
+def test_ring_unavailable_without_gluon(monkeypatch):
+    """A Triton whose Gluon does not import: the ring kernels are unavailable, with the reason."""
+    from kernelset.ops import ring
+    ring.gluon_kernel.cache_clear()
+    real = ring.importlib.import_module
+
+    def fail(name):
+        if name.endswith("ring_sm90"):
+            raise ImportError("no gluon here")
+        return real(name)
+
+    monkeypatch.setattr(ring.importlib, "import_module", fail)
+    try:
+        kernel, why = ring.gluon_kernel("kernelset.ops.softmax.ring_sm90", "_softmax_ring_fwd_kernel")
+        assert kernel is None and why == "ImportError: no gluon here"
+        monkeypatch.setattr(ring, "on_sm90", lambda device: True)
+        assert launch.ring_choice(131072, torch.bfloat16, torch.device("cuda"), RING) is None
+    finally:
+        ring.gluon_kernel.cache_clear()

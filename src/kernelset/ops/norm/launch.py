@@ -11,8 +11,9 @@ import torch
 
 from ...core import gpus
 from ...core.alloc import empty, empty_like
-from ...core.arch import device_arch, sm_count
+from ...core.arch import sm_count
 from ...core.checks import row_stride
+from .. import ring
 from ..rowsync import launches
 from ..triton_launch import FastKernel
 from .kernels import (_norm_bwd_dwdb_kernel, _norm_bwd_kernel, _norm_bwd_looped_kernel, _norm_bwd_split_kernel,
@@ -34,16 +35,6 @@ _fwd_torch_order = FastKernel(_rms_fwd_torch_order_kernel)
 
 
 @functools.lru_cache(maxsize=None)
-def ring_module():
-    """(ring_sm90, None), or (None, why) where Gluon's Hopper module does not import."""
-    try:
-        from . import ring_sm90
-    except Exception as exc:  # noqa: BLE001 - any import failure makes the kernel unavailable, with its reason
-        return None, f"{type(exc).__name__}: {exc}"
-    return ring_sm90, None
-
-
-@functools.lru_cache(maxsize=None)
 def gbs_per_sm(device: torch.device) -> float:
     """Datasheet memory bandwidth per SM of a CUDA device (GB/s), 0 where the GPU table does not list it."""
     g = gpus.for_device(device)
@@ -53,42 +44,25 @@ def gbs_per_sm(device: torch.device) -> float:
 def ring_fwd_choice(n: int, dtype: torch.dtype, device: torch.device, tuning: NormTuning) -> RingLaunch | None:
     """The ring forward's launch where it applies to rows of n on this device (the tensor checks
     are the launcher's): sm_90, Gluon importable, the policy's widths and bandwidth class."""
-    if device.type != "cuda" or device_arch(device) != (9, 0):
+    if not ring.on_sm90(device):
         return None
-    rp = ring_fwd_policy(n, dtype.itemsize if dtype.is_floating_point else 0,
-                         gbs_per_sm(device), tuning)
-    if rp is None or ring_module()[0] is None:
-        return None
-    return rp
+    rp = ring_fwd_policy(n, dtype.itemsize if dtype.is_floating_point else 0, gbs_per_sm(device), tuning)
+    return rp if rp is not None and ring.gluon_kernel(*_RING)[0] is not None else None
 
 
-@functools.lru_cache(maxsize=None)
-def _ring_kernel() -> FastKernel:
-    return FastKernel(ring_module()[0]._rms_ring_fwd_kernel)
-
-
-@functools.lru_cache(maxsize=None)
-def _ring_layout(box_rows: int, dtype: torch.dtype):
-    from triton.experimental.gluon import language as gl
-    return gl.NVMMASharedLayout.get_default_for([box_rows, 256], gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
+_RING = ("kernelset.ops.norm.ring_sm90", "_rms_ring_fwd_kernel")
 
 
 def _ring_fwd(x, weight, y, rstd, m, n, eps, offset, gemma_cast, stats, rp: RingLaunch, sms) -> bool:
-    """Launch the ring forward where the tensors allow it (contiguous 16-byte aligned rows, one
-    synchronized launch); False where they do not, and nothing ran."""
-    if not (x.is_contiguous() and y.is_contiguous() and x.data_ptr() % 16 == 0):
+    """Launch the ring forward where the tensors allow it; False where they do not, and nothing ran."""
+    la = ring.launch_args(x, m, n, 1, rp, sms) if y.is_contiguous() else None
+    if la is None:
         return False
-    phases = launches(x.device, m, 1, rp.split_p2)
-    if len(phases) != 1:  # the two-launch form was asked for: the ring has none
-        return False
-    _, sync, part = phases[0]
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    desc = TensorDescriptor(x.view(-1, 256), [m * n // 256, 256], [256, 1], [rp.box_rows, 256],
-                            _ring_layout(rp.box_rows, x.dtype))
-    groups = max(1, min(m, rp.programs_per_sm * sms // rp.split))
-    _ring_kernel()((groups * rp.split,), desc, weight, y, rstd, part, sync, m, n, eps, offset,
-                   HAS_WEIGHT=weight is not None, GEMMA_CAST=gemma_cast, STORE_STATS=stats, S=rp.split,
-                   S_P2=rp.split_p2, NCH=rp.chunks, BOXR=rp.box_rows, NB=rp.buffers, num_warps=rp.num_warps)
+    grid, desc, sync, part = la
+    ring.gluon_kernel(*_RING)[0](grid, desc, weight, y, rstd, part, sync, m, n, eps, offset,
+                                 HAS_WEIGHT=weight is not None, GEMMA_CAST=gemma_cast, STORE_STATS=stats,
+                                 S=rp.split, S_P2=rp.split_p2, NCH=rp.chunks, BOXR=rp.box_rows, NB=rp.buffers,
+                                 num_warps=rp.num_warps)
     return True
 
 

@@ -7,9 +7,10 @@ import functools
 import torch
 
 from ...core.alloc import empty
-from ...core.arch import device_arch, sm_count
+from ...core.arch import sm_count
 from ...core.checks import row_stride
 from ...core.tuning import RingLaunch, SplitLaunch, TuningStack, hash_once, ring_launch
+from .. import ring
 from ..rowsync import launches
 from ..triton_launch import FastKernel
 from .kernels import (_softmax_bwd_kernel, _softmax_bwd_looped_kernel, _softmax_bwd_split_kernel, _softmax_fwd_kernel,
@@ -126,51 +127,27 @@ def ring_policy(n: int, itemsize: int, t: SoftmaxTuning) -> RingLaunch | None:
     return ring_launch(n, t.ring_portion, t.ring_box_rows, t.ring_buffers, t.ring_warps, t.ring_programs_per_sm)
 
 
-@functools.lru_cache(maxsize=None)
-def ring_module():
-    """(ring_sm90, None), or (None, why) where Gluon's Hopper module does not import."""
-    try:
-        from . import ring_sm90
-    except Exception as exc:  # noqa: BLE001 - any import failure makes the kernel unavailable, with its reason
-        return None, f"{type(exc).__name__}: {exc}"
-    return ring_sm90, None
+_RING = ("kernelset.ops.softmax.ring_sm90", "_softmax_ring_fwd_kernel")
 
 
 def ring_choice(n: int, dtype: torch.dtype, device: torch.device, t: SoftmaxTuning) -> RingLaunch | None:
     """The ring forward's launch where it applies to rows of n on this device (sm_90, Gluon)."""
-    if device.type != "cuda" or device_arch(device) != (9, 0) or not dtype.is_floating_point:
+    if not ring.on_sm90(device) or not dtype.is_floating_point:
         return None
     rp = ring_policy(n, dtype.itemsize, t)
-    return rp if rp is not None and ring_module()[0] is not None else None
-
-
-@functools.lru_cache(maxsize=None)
-def _ring_kernel() -> FastKernel:
-    return FastKernel(ring_module()[0]._softmax_ring_fwd_kernel)
-
-
-@functools.lru_cache(maxsize=None)
-def _ring_layout(box_rows: int, dtype: torch.dtype):
-    from triton.experimental.gluon import language as gl
-    return gl.NVMMASharedLayout.get_default_for([box_rows, 256], gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
+    return rp if rp is not None and ring.gluon_kernel(*_RING)[0] is not None else None
 
 
 def _ring_fwd(x: torch.Tensor, y: torch.Tensor, m: int, n: int, temperature: float, log: bool, rp: RingLaunch,
               sms: int) -> bool:
-    """Launch the ring forward where the tensors allow it (contiguous 16-byte aligned rows, one
-    synchronized launch); False where they do not, and nothing ran."""
-    if not (x.is_contiguous() and x.data_ptr() % 16 == 0):
+    """Launch the ring forward where the tensors allow it; False where they do not, and nothing ran."""
+    la = ring.launch_args(x, m, n, 2, rp, sms)
+    if la is None:
         return False
-    phases = launches(x.device, m, 2, rp.split_p2)
-    if len(phases) != 1:  # the two-launch form was asked for: the ring has none
-        return False
-    _, sync, part = phases[0]
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    desc = TensorDescriptor(x.view(-1, 256), [m * n // 256, 256], [256, 1], [rp.box_rows, 256],
-                            _ring_layout(rp.box_rows, x.dtype))
-    groups = max(1, min(m, rp.programs_per_sm * sms // rp.split))
-    _ring_kernel()((groups * rp.split,), desc, y, part, sync, m, n, 1.0 / temperature, LOG=log, S=rp.split,
-                   S_P2=rp.split_p2, NCH=rp.chunks, BOXR=rp.box_rows, NB=rp.buffers, num_warps=rp.num_warps)
+    grid, desc, sync, part = la
+    ring.gluon_kernel(*_RING)[0](grid, desc, y, part, sync, m, n, 1.0 / temperature, LOG=log, S=rp.split,
+                                 S_P2=rp.split_p2, NCH=rp.chunks, BOXR=rp.box_rows, NB=rp.buffers,
+                                 num_warps=rp.num_warps)
     return True
 
 
