@@ -793,3 +793,30 @@ def test_ring_launch_args(monkeypatch):
     assert ring.launch_args(flat, 10, 65536, 1, rp, 132) is None
     monkeypatch.setattr(ring, "launches", lambda dev, m, nslot, p2: ((1, None, None), (2, None, None)))
     assert ring.launch_args(x, 10, 65536, 1, rp, 132) is None
+
+
+def test_ring_launcher_binds_the_kernel_signature(monkeypatch):
+    """norm_fwd down to the ring kernel's launch on any machine (an sm_90 H200 and the kernel
+    stood in for): every kernel parameter gets the right tensor or value, by name."""
+    pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    from kernelset.ops import ring
+    from kernelset.ops.norm import launch as L
+    from kernelset.ops.norm import ring_sm90 as K
+    calls = []
+    monkeypatch.setattr(ring, "gluon_kernel", lambda mod, name: (lambda grid, *a, **kw: calls.append((grid, a, kw)), None))
+    monkeypatch.setattr(ring, "on_sm90", lambda device: True)
+    monkeypatch.setattr(L, "gbs_per_sm", lambda device: 36.0)
+    sync, part = torch.zeros(4, dtype=torch.int32), torch.empty(12)
+    monkeypatch.setattr(ring, "launches", lambda dev, m, nslot, p2: ((0, sync, part),))
+    x = torch.randn(3, 49152, dtype=torch.bfloat16)
+    w = torch.randn(49152, dtype=torch.bfloat16)
+    y, _, _, rstd = L.norm_fwd(x, w, None, eps=1e-5, offset=1.0, is_rms=True, gemma_cast=True, stats=True)
+    (grid, args, kw), = calls
+    bound = dict(zip(K._rms_ring_fwd_kernel.arg_names, args), **kw)
+    assert set(bound) == set(K._rms_ring_fwd_kernel.arg_names)
+    assert bound["x_desc"].base.data_ptr() == x.data_ptr() and bound["W"] is w and bound["Y"] is y
+    assert bound["RSTD"] is rstd and bound["PART"] is part and bound["SYNC"] is sync
+    assert (bound["R"], bound["N"], bound["eps"], bound["offset"]) == (3, 49152, 1e-5, 1.0)
+    assert (bound["HAS_WEIGHT"], bound["GEMMA_CAST"], bound["STORE_STATS"]) == (True, True, True)
+    assert (bound["S"], bound["S_P2"], bound["NCH"], bound["BOXR"], bound["NB"], bound["num_warps"]) == (3, 4, 8, 8, 9, 4)
+    assert grid == (9,)  # 3 rows, a group of 3 programs each (4 "SMs" off the GPU x 6 would allow 8 groups)

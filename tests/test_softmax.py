@@ -394,3 +394,27 @@ def test_ring_unavailable_without_gluon(monkeypatch):
         assert launch.ring_choice(131072, torch.bfloat16, torch.device("cuda"), RING) is None
     finally:
         ring.gluon_kernel.cache_clear()
+
+
+def test_ring_launcher_binds_the_kernel_signature(monkeypatch):
+    """softmax_fwd down to the ring kernel's launch on any machine (an sm_90 GPU and the kernel
+    stood in for, the ring turned on): every kernel parameter gets the right tensor or value."""
+    pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    from kernelset.ops import ring
+    from kernelset.ops.softmax import ring_sm90 as K
+    calls = []
+    monkeypatch.setattr(ring, "gluon_kernel", lambda mod, name: (lambda grid, *a, **kw: calls.append((grid, a, kw)), None))
+    monkeypatch.setattr(ring, "on_sm90", lambda device: True)
+    sync, part = torch.zeros(6, dtype=torch.int32), torch.empty(40)
+    monkeypatch.setattr(ring, "launches", lambda dev, m, nslot, p2: ((0, sync, part),))
+    x = torch.randn(5, 131072, dtype=torch.bfloat16)
+    with launch.use(RING):
+        y = launch.softmax_fwd(x, 2.0, True, torch.float32)
+    (grid, args, kw), = calls
+    bound = dict(zip(K._softmax_ring_fwd_kernel.arg_names, args), **kw)
+    assert set(bound) == set(K._softmax_ring_fwd_kernel.arg_names)
+    assert bound["x_desc"].base.data_ptr() == x.data_ptr() and bound["Y"] is y and y.dtype == torch.float32
+    assert bound["PART"] is part and bound["SYNC"] is sync
+    assert (bound["R"], bound["N"], bound["inv_t"], bound["LOG"]) == (5, 131072, 0.5, True)
+    assert (bound["S"], bound["S_P2"], bound["NCH"], bound["BOXR"], bound["NB"], bound["num_warps"]) == (4, 4, 8, 16, 9, 8)
+    assert grid == (12,)  # 4 "SMs" off the GPU x 3 programs each = 3 groups of 4 programs (5 rows)
