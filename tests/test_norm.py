@@ -805,7 +805,7 @@ def test_ring_launcher_binds_the_kernel_signature(monkeypatch):
     calls = []
     monkeypatch.setattr(ring, "gluon_kernel", lambda mod, name: (lambda grid, *a, **kw: calls.append((grid, a, kw)), None))
     monkeypatch.setattr(ring, "on_sm90", lambda device: True)
-    monkeypatch.setattr(L, "gbs_per_sm", lambda device: 36.0)
+    monkeypatch.setattr(L, "device_gbs_per_sm", lambda device: 36.0)
     sync, part = torch.zeros(4, dtype=torch.int32), torch.empty(12)
     monkeypatch.setattr(ring, "launches", lambda dev, m, nslot, p2: ((0, sync, part),))
     x = torch.randn(3, 49152, dtype=torch.bfloat16)

@@ -3,6 +3,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from kernelset import cli
 from kernelset.core import gpus
@@ -214,3 +215,23 @@ def test_plan_names_the_mla_kernel_per_gpu():
     gluon = mla_launch._wgmma_module() is not None
     assert ("kernel: warp-specialized Gluon wgmma" if gluon else "kernel: Triton tl.dot") in h100
     assert "kernel: Triton tl.dot (the sm_90 Gluon kernel needs sm_90" in a100
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h200", "a100", "l4"])
+def test_plan_details_describe_the_named_gpu(gpu):
+    """Every chosen implementation's detail is computed for the GPU the plan names, never from
+    this machine's device (none here): no detail raises. An H200-class sm_90 GPU takes the RMSNorm
+    ring forward at 65536 columns, an H100 the looped one."""
+    from kernelset.core.gpus import gpu as gpu_named
+    from kernelset.hf.planning import choose
+    for name in ("llama-3-8b", "qwen3-8b", "deepseek-v3"):
+        table = plan(name, gpu=gpu).table()
+        assert "detail() raised" not in table, (name, gpu)
+    why = choose("rms_norm", {"tokens": 8, "hidden": 65536}, torch.bfloat16, gpu_named(gpu)).why
+    assert "detail() raised" not in why
+    from kernelset.ops import ring
+    gluon = ring.gluon_kernel("kernelset.ops.norm.ring_sm90", "_rms_ring_fwd_kernel")[0] is not None
+    if gpu == "h200" and gluon:
+        assert "kernels: ring forward on sm_90 (Gluon: 4 programs of 16384 columns per row" in why, why
+    else:
+        assert "kernels: looped forward; split backward" in why, why

@@ -262,7 +262,10 @@ def choose(op: str | None, shape: dict[str, int], dt: torch.dtype, target: GPU) 
             p = registry.op(op).problem(*(args[:-1] if kwargs else args), **kwargs)
             if kwargs.get("sinks") is None and "sinks" in p.attrs and shape.get("sinks"):
                 p = dataclasses.replace(p, attrs={**p.attrs, "sinks": True})
-            problem = dataclasses.replace(p, device=torch.device("cuda"), arch=target.arch)
+            # the target's SM count and bandwidth per SM, for details that size launches (no GPU here)
+            problem = dataclasses.replace(p, device=torch.device("cuda"), arch=target.arch,
+                                          attrs={**p.attrs, "target_sms": target.sms,
+                                                 "target_gbs_per_sm": target.bandwidth_gbs / target.sms})
         except Exception as exc:  # a problem() that cannot take meta tensors: decide on arch only
             problem = None
             note = f"supports() not evaluated ({type(exc).__name__})"

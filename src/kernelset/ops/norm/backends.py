@@ -198,16 +198,25 @@ def _t_ln_bwd(dy, x, weight, bias, mean, rstd, eps):
     return dx, _cast(dw, weight), _cast(db, bias)
 
 
+def _target(p: Problem) -> tuple[int, float | None]:
+    """(SMs, bandwidth per SM or None: this device's) of the GPU a problem runs on: the GPU
+    ``ksctl plan`` names (its attrs), else this machine's device."""
+    from ...core.arch import sm_count
+    if "target_sms" in p.attrs:
+        return p.attrs["target_sms"], p.attrs["target_gbs_per_sm"]
+    return sm_count(p.device), None
+
+
 def _kernels(p: Problem) -> str:
     """Which kernels this row width takes (what ``ks.explain`` prints for the chosen Triton impl)."""
-    from ...core.arch import sm_count
     from . import policy as pol
-    n, t, sms = p.shape[-1], pol.active(), sm_count(p.device)
+    from .launch import ring_fwd_choice
+    n, t = p.shape[-1], pol.active()
+    sms, gbs = _target(p)
     fsp = pol.fwd_split_policy(n, sms, t)
     ring = None
     if p.op == "rms_norm" and not p.attrs.get("torch_order"):
-        from .launch import ring_fwd_choice
-        ring = ring_fwd_choice(n, p.dtype, p.device, t)
+        ring = ring_fwd_choice(n, p.dtype, p.device, t, arch=p.arch, gbs_per_sm=gbs)
     if ring is not None:
         fwd = (f"ring forward on sm_90 (Gluon: {ring.split} programs of {n // ring.split} columns per row, rows "
                f"in a TMA ring in shared memory; contiguous 16-byte aligned rows, else "

@@ -35,18 +35,21 @@ _fwd_torch_order = FastKernel(_rms_fwd_torch_order_kernel)
 
 
 @functools.lru_cache(maxsize=None)
-def gbs_per_sm(device: torch.device) -> float:
+def device_gbs_per_sm(device: torch.device) -> float:
     """Datasheet memory bandwidth per SM of a CUDA device (GB/s), 0 where the GPU table does not list it."""
     g = gpus.for_device(device)
     return g.bandwidth_gbs / g.sms if g is not None else 0.0
 
 
-def ring_fwd_choice(n: int, dtype: torch.dtype, device: torch.device, tuning: NormTuning) -> RingLaunch | None:
+def ring_fwd_choice(n: int, dtype: torch.dtype, device: torch.device, tuning: NormTuning, *,
+                    arch: tuple[int, int] | None = None, gbs_per_sm: float | None = None) -> RingLaunch | None:
     """The ring forward's launch where it applies to rows of n on this device (the tensor checks
-    are the launcher's): sm_90, Gluon importable, the policy's widths and bandwidth class."""
-    if not ring.on_sm90(device):
+    are the launcher's): sm_90, Gluon importable, the policy's widths and bandwidth class. ``arch``
+    and ``gbs_per_sm`` describe another GPU than this device's (``ksctl plan``)."""
+    if not (ring.on_sm90(device) if arch is None else (device.type == "cuda" and arch == (9, 0))):
         return None
-    rp = ring_fwd_policy(n, dtype.itemsize if dtype.is_floating_point else 0, gbs_per_sm(device), tuning)
+    gbs = device_gbs_per_sm(device) if gbs_per_sm is None else gbs_per_sm
+    rp = ring_fwd_policy(n, dtype.itemsize if dtype.is_floating_point else 0, gbs, tuning)
     return rp if rp is not None and ring.gluon_kernel(*_RING)[0] is not None else None
 
 

@@ -68,13 +68,13 @@ def _kernels(p: Problem) -> str:
     from ...core.arch import sm_count
     from . import launch as L
     n, t = p.shape[-1], L.active()
+    sms = p.attrs["target_sms"] if "target_sms" in p.attrs else sm_count(p.device)  # ksctl plan names a GPU
     esize = torch.empty((), dtype=p.dtype).element_size()
     if n <= t.max_block_fwd:
         return "kernels: block forward"
-    sp = L.split_policy(n, t.max_block_fwd, t.split_chunk_fwd, t.split_min_fwd, t.looped_only_fwd, esize,
-                        sm_count(p.device), t)
+    sp = L.split_policy(n, t.max_block_fwd, t.split_chunk_fwd, t.split_min_fwd, t.looped_only_fwd, esize, sms, t)
     other = f"split forward ({sp.split} programs of {sp.chunk} columns per row)" if sp.split else "looped forward"
-    rp = L.ring_choice(n, p.dtype, p.device, t) if t.ring else None
+    rp = L.ring_choice(n, p.dtype, p.device, t, arch=p.arch) if t.ring else None
     if rp is not None:
         return (f"kernels: ring forward on sm_90 (Gluon: {rp.split} programs of {n // rp.split} columns per row, "
                 f"rows in a TMA ring in shared memory; contiguous 16-byte aligned rows, else {other})")
