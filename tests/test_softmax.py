@@ -390,7 +390,7 @@ def test_ring_unavailable_without_gluon(monkeypatch):
     try:
         kernel, why = ring.gluon_kernel("kernelset.ops.softmax.ring_sm90", "_softmax_ring_fwd_kernel")
         assert kernel is None and why == "ImportError: no gluon here"
-        monkeypatch.setattr(ring, "on_sm90", lambda device: True)
+        monkeypatch.setattr(ring, "on_sm90", lambda device, arch=None: True)
         assert launch.ring_choice(131072, torch.bfloat16, torch.device("cuda"), RING) is None
     finally:
         ring.gluon_kernel.cache_clear()
@@ -404,7 +404,7 @@ def test_ring_launcher_binds_the_kernel_signature(monkeypatch):
     from kernelset.ops.softmax import ring_sm90 as K
     calls = []
     monkeypatch.setattr(ring, "gluon_kernel", lambda mod, name: (lambda grid, *a, **kw: calls.append((grid, a, kw)), None))
-    monkeypatch.setattr(ring, "on_sm90", lambda device: True)
+    monkeypatch.setattr(ring, "on_sm90", lambda device, arch=None: True)
     sync, part = torch.zeros(6, dtype=torch.int32), torch.empty(40)
     monkeypatch.setattr(ring, "launches", lambda dev, m, nslot, p2: ((0, sync, part),))
     x = torch.randn(5, 131072, dtype=torch.bfloat16)

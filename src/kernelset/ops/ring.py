@@ -26,8 +26,9 @@ def gluon_kernel(module: str, name: str) -> tuple[FastKernel | None, str | None]
     return FastKernel(getattr(mod, name)), None
 
 
-def on_sm90(device: torch.device) -> bool:
-    return device.type == "cuda" and device_arch(device) == (9, 0)
+def on_sm90(device: torch.device, arch: tuple[int, int] | None = None) -> bool:
+    """Whether ``device`` is an sm_90 GPU; ``arch`` stands for another GPU's (``ksctl plan``)."""
+    return device.type == "cuda" and (device_arch(device) if arch is None else arch) == (9, 0)
 
 
 @functools.lru_cache(maxsize=None)

@@ -3,14 +3,17 @@
 A ring kernel's program owns one portion of a row (``S`` programs per row) and walks rows
 g, g + G, ... with its group; its portion arrives in chunks of ``[BOXR, 256]`` elements (x seen as
 ``[R * N / 256, 256]``) into a ring of ``NB`` shared buffers, each with its mbarrier, issued ``NB``
-chunks ahead. Users: ``norm/ring_sm90.py`` (RMSNorm forward), ``softmax/ring_sm90.py`` (softmax
-forward). Only imported where Gluon's Hopper module exists.
+chunks ahead (``ring_start``); a chunk is read with ``ring_wait`` and its buffer handed back to the
+TMA with ``ring_release`` once it is in registers. The kernels themselves only hold their
+statistics, their row exchange and their output math. Users: ``norm/ring_sm90.py`` (RMSNorm
+forward), ``softmax/ring_sm90.py`` (softmax forward). Only imported where Gluon's Hopper module
+exists.
 """
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 # names that moved after Triton 3.6 (the GPU image's): the TMA load and the CTA barrier
 tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -28,3 +31,50 @@ def issue_chunk(desc, ring, bars, k, K, g, G, c, row_tiles, P_TILES: gl.constexp
     ok = k < K
     mbarrier.expect(bar, desc.block_type.nbytes, pred=ok)
     tma_load(desc, [r * row_tiles + c * P_TILES + (k % NCH) * BOXR, 0], bar, ring.index(st), pred=ok)
+
+
+@gluon.jit
+def ring_start(x_desc, SYNC, R, N, S: gl.constexpr, NCH: gl.constexpr, BOXR: gl.constexpr, NB: gl.constexpr):
+    """A ring program's start: its group g (of G), its portion c and its rows from a ticket taken
+    in start order (SYNC[0], zeroed per launch: a group only waits on programs that started), the
+    ring and its mbarriers, and the first NB chunks issued. Returns (g, G, c, rows, K = chunks,
+    row_tiles, bars, ring)."""
+    P_TILES: gl.constexpr = NCH * BOXR
+    row_tiles = N // 256
+    t = gl.atomic_add(SYNC, 1, sem="relaxed", scope="gpu")
+    G = gl.num_programs(0) // S
+    g = t // S
+    c = t % S
+    n_my = gl.maximum((R - g + G - 1) // G, 0)
+    K = n_my * NCH
+    bars = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NB):
+        mbarrier.init(bars.index(i), count=1)
+    ring = gl.allocate_shared_memory(x_desc.dtype, [NB, BOXR, 256], x_desc.layout)
+    fence_async_shared()
+    for i in gl.static_range(NB):
+        issue_chunk(x_desc, ring, bars, i, K, g, G, c, row_tiles, P_TILES, NCH, BOXR, NB)
+    return g, G, c, n_my, K, row_tiles, bars, ring
+
+
+@gluon.jit
+def ring_wait(ring, bars, k, NB: gl.constexpr, layout: gl.constexpr):
+    """Chunk k of the sequence, once its TMA load has landed, in registers."""
+    mbarrier.wait(bars.index(k % NB), (k // NB) & 1)
+    return ring.index(k % NB).load(layout)
+
+
+@gluon.jit
+def ring_release(x_desc, ring, bars, k, K, g, G, c, row_tiles, NCH: gl.constexpr, BOXR: gl.constexpr,
+                 NB: gl.constexpr):
+    """Chunk k is in registers: once every warp is past its read, refill its buffer with chunk k + NB."""
+    P_TILES: gl.constexpr = NCH * BOXR
+    cta_barrier()
+    fence_async_shared()
+    issue_chunk(x_desc, ring, bars, k + NB, K, g, G, c, row_tiles, P_TILES, NCH, BOXR, NB)
+
+
+@gluon.jit
+def ring_end(bars, NB: gl.constexpr):
+    for i in gl.static_range(NB):
+        mbarrier.invalidate(bars.index(i))

@@ -46,7 +46,7 @@ def ring_fwd_choice(n: int, dtype: torch.dtype, device: torch.device, tuning: No
     """The ring forward's launch where it applies to rows of n on this device (the tensor checks
     are the launcher's): sm_90, Gluon importable, the policy's widths and bandwidth class. ``arch``
     and ``gbs_per_sm`` describe another GPU than this device's (``ksctl plan``)."""
-    if not (ring.on_sm90(device) if arch is None else (device.type == "cuda" and arch == (9, 0))):
+    if not ring.on_sm90(device, arch):
         return None
     gbs = device_gbs_per_sm(device) if gbs_per_sm is None else gbs_per_sm
     rp = ring_fwd_policy(n, dtype.itemsize if dtype.is_floating_point else 0, gbs, tuning)

@@ -29,10 +29,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
-
-from ..ring_sm90 import cta_barrier as _cta_barrier
-from ..ring_sm90 import issue_chunk as _issue
+from ..ring_sm90 import ring_end, ring_release, ring_start, ring_wait
 
 
 @gluon.jit
@@ -57,28 +54,12 @@ def _rms_ring_fwd_kernel(x_desc, W, Y, RSTD, PART, SYNC, R, N, eps, offset,
                          NB: gl.constexpr, num_warps: gl.constexpr):
     # x_desc: x [R, N] seen as [R * N / 256, 256], box [BOXR, 256] (one chunk); Y [R, N] contiguous
     CH: gl.constexpr = BOXR * 256
-    P_TILES: gl.constexpr = NCH * BOXR
     L: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[1, 32],
                                        warps_per_cta=[num_warps, 1], order=[1, 0])
     V: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[num_warps],
                                        order=[0])
     dt: gl.constexpr = x_desc.dtype
-    row_tiles = N // 256
-
-    t = gl.atomic_add(SYNC, 1, sem="relaxed", scope="gpu")  # SYNC[0]: the zeroed ticket counter
-    G = gl.num_programs(0) // S
-    g = t // S
-    c = t % S
-    n_my = gl.maximum((R - g + G - 1) // G, 0)
-    K = n_my * NCH
-
-    bars = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NB):
-        mbarrier.init(bars.index(i), count=1)
-    ring = gl.allocate_shared_memory(dt, [NB, BOXR, 256], x_desc.layout)
-    fence_async_shared()
-    for i in gl.static_range(NB):
-        _issue(x_desc, ring, bars, i, K, g, G, c, row_tiles, P_TILES, NCH, BOXR, NB)
+    g, G, c, n_my, K, row_tiles, bars, ring = ring_start(x_desc, SYNC, R, N, S, NCH, BOXR, NB)
 
     ri = gl.arange(0, BOXR, layout=gl.SliceLayout(1, L))
     ci = gl.arange(0, 256, layout=gl.SliceLayout(0, L))
@@ -88,9 +69,7 @@ def _rms_ring_fwd_kernel(x_desc, W, Y, RSTD, PART, SYNC, R, N, eps, offset,
         r = g + j * G
         acc = gl.zeros([BOXR, 256], gl.float32, L)
         for q in gl.static_range(NCH):
-            k = j * NCH + q
-            mbarrier.wait(bars.index(k % NB), (k // NB) & 1)
-            v = ring.index(k % NB).load(L).to(gl.float32)
+            v = ring_wait(ring, bars, j * NCH + q, NB, L).to(gl.float32)
             acc += v * v
         ssq = gl.sum(gl.sum(acc, axis=1), axis=0)
         if S > 1:
@@ -101,10 +80,7 @@ def _rms_ring_fwd_kernel(x_desc, W, Y, RSTD, PART, SYNC, R, N, eps, offset,
         for q in gl.static_range(NCH):
             k = j * NCH + q
             xv = ring.index(k % NB).load(L)
-            # the chunk is in registers: every warp is past its read before the TMA refills it
-            _cta_barrier()
-            fence_async_shared()
-            _issue(x_desc, ring, bars, k + NB, K, g, G, c, row_tiles, P_TILES, NCH, BOXR, NB)
+            ring_release(x_desc, ring, bars, k, K, g, G, c, row_tiles, NCH, BOXR, NB)  # before the math
             xn = xv.to(gl.float32) * rstd
             if HAS_WEIGHT:
                 w = gl.load(W + col0 + q * CH + offs).to(gl.float32) + offset
@@ -118,5 +94,4 @@ def _rms_ring_fwd_kernel(x_desc, W, Y, RSTD, PART, SYNC, R, N, eps, offset,
         if STORE_STATS:
             if c == 0:
                 gl.store(RSTD + r, rstd)
-    for i in gl.static_range(NB):
-        mbarrier.invalidate(bars.index(i))
+    ring_end(bars, NB)

@@ -134,8 +134,7 @@ def ring_choice(n: int, dtype: torch.dtype, device: torch.device, t: SoftmaxTuni
                 arch: tuple[int, int] | None = None) -> RingLaunch | None:
     """The ring forward's launch where it applies to rows of n on this device (sm_90, Gluon);
     ``arch`` describes another GPU than this device's (``ksctl plan``)."""
-    sm90 = ring.on_sm90(device) if arch is None else (device.type == "cuda" and arch == (9, 0))
-    if not sm90 or not dtype.is_floating_point:
+    if not ring.on_sm90(device, arch) or not dtype.is_floating_point:
         return None
     rp = ring_policy(n, dtype.itemsize, t)
     return rp if rp is not None and ring.gluon_kernel(*_RING)[0] is not None else None
