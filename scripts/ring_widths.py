@@ -25,3 +25,16 @@ for m, n in shapes:
         t_off = cuda_time_ms(lambda: ks.rms_norm(x, w))
     print(f"{m}x{n}: default ({kern}) {nb/t_on/1e6/copy*100:5.1f}% err {e:.1e} | ring off {nb/t_off/1e6/copy*100:5.1f}% err {e2:.1e}")
     del x, w, y, y2, want; torch.cuda.empty_cache()
+# host time of a small call (one row of 65536: the ring's launch path against the looped kernel's)
+import time
+x = torch.randn(1, 65536, dtype=torch.bfloat16, device=dev); w = torch.randn(65536, dtype=torch.bfloat16, device=dev)
+for name, t in (("default", policy.active()), ("ring off", off)):
+    with policy.use(t):
+        kern = "ring" if "ring forward" in str(ks.explain("rms_norm", x, w, verbose=False)) else "other"
+        for _ in range(20):
+            ks.rms_norm(x, w)
+        torch.cuda.synchronize(); t0 = time.perf_counter()
+        for _ in range(200):
+            ks.rms_norm(x, w)
+        host = (time.perf_counter() - t0) / 200 * 1e6; torch.cuda.synchronize()
+    print(f"host per call 1x65536 rms_norm, {name} ({kern}): {host:.1f} us", flush=True)

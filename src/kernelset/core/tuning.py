@@ -33,12 +33,21 @@ class RingLaunch:
 
 
 def ring_launch(n: int, portion: int, box_rows: int, buffers: int, num_warps: int,
-                programs_per_sm: int) -> RingLaunch | None:
-    """Rows of n in portions of ``portion`` columns, or None where n does not split so."""
+                programs_per_sm: int, *, ragged: bool = False) -> RingLaunch | None:
+    """Rows of n in portions of ``portion`` columns, or None where n does not split so.
+    ``ragged``: n need only be a multiple of 256, the last portion running past the row (a
+    kernel that masks those columns: the cross-entropy ring)."""
     chunk = box_rows * 256
-    if n % portion or portion % chunk or buffers * chunk < portion:
+    if portion % chunk or buffers * chunk < portion:
         return None
-    split = n // portion
+    if ragged:
+        if n % 256:
+            return None
+        split = -(-n // portion)
+    elif n % portion:
+        return None
+    else:
+        split = n // portion
     return RingLaunch(split, 1 << max(0, (split - 1).bit_length()), portion // chunk, box_rows, buffers, num_warps,
                       programs_per_sm)
 

@@ -9,6 +9,7 @@ import importlib
 
 import torch
 
+from ..core import gpus
 from ..core.arch import device_arch
 from ..core.tuning import RingLaunch
 from .rowsync import launches
@@ -29,6 +30,13 @@ def gluon_kernel(module: str, name: str) -> tuple[FastKernel | None, str | None]
 def on_sm90(device: torch.device, arch: tuple[int, int] | None = None) -> bool:
     """Whether ``device`` is an sm_90 GPU; ``arch`` stands for another GPU's (``ksctl plan``)."""
     return device.type == "cuda" and (device_arch(device) if arch is None else arch) == (9, 0)
+
+
+def device_gbs_per_sm(device: torch.device) -> float:
+    """Datasheet memory bandwidth per SM of a CUDA device (GB/s), 0 where the GPU table does not
+    list it: the ring policies' bandwidth class (the ring pays where HBM keeps up with L2)."""
+    g = gpus.for_device(device)
+    return g.bandwidth_gbs / g.sms if g is not None else 0.0
 
 
 @functools.lru_cache(maxsize=None)

@@ -166,14 +166,19 @@ class FastKernel:
         """``fp_fusion=False`` stops the compiler contracting a multiply and an add into one FMA,
         which also drops a rounding the kernel wrote between them (bit-exact emulation of a chain
         of bf16 torch ops needs every one of them)."""
-        if not self.direct or not args or not isinstance(args[0], _Tensor) or not args[0].is_cuda:
+        # the device comes from the first argument: a tensor, or a host TMA descriptor's base
+        # (the ring kernels take the descriptor first)
+        first = args[0] if args else None
+        if first is not None and not isinstance(first, _Tensor):
+            first = getattr(first, "base", None)
+        if not self.direct or not isinstance(first, _Tensor) or not first.is_cuda:
             self.fn[grid](*args, **kwargs, **self._opts(num_warps, num_stages, fp_fusion))
             return
         rt = _knobs.runtime
         if not (_no_hook(rt.launch_enter_hook) and _no_hook(rt.launch_exit_hook)):
             self.fn[grid](*args, **kwargs, **self._opts(num_warps, num_stages, fp_fusion))
             return
-        device = args[0].get_device()
+        device = first.get_device()
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
         if self.positional_only and len(args) == self.first_const and kwargs.keys() == self.const_names:

@@ -62,8 +62,23 @@ def _t_bwd(grad_out, dlogits, reduction):
     return ce_bwd(grad_out, dlogits, reduction)
 
 
+def _kernels(p: Problem) -> str:
+    """Which kernel logits of this vocabulary take (what ``ks.explain`` prints for the Triton impl)."""
+    from . import launch as L
+    v, t = p.shape[-1], L.active()
+    other = (f"split kernel ({-(-v // t.split_chunk)} programs of {t.split_chunk} logits per row)"
+             if t.split_chunk and v > t.split_chunk else "looped kernel (one program per row, logits read twice)")
+    rp = L.ring_choice(v, p.dtype, p.device, t, arch=p.arch, gbs_per_sm=p.attrs.get("target_gbs_per_sm"))
+    if rp is None:
+        return f"kernels: {other}"
+    portion = rp.chunks * rp.box_rows * 256
+    return (f"kernels: with a gradient and no softcap, the ring kernel on sm_90 (Gluon: {rp.split} programs of "
+            f"{portion} logits per row, logits in a TMA ring in shared memory; contiguous 16-byte aligned logits, "
+            f"else the {other}); otherwise the {other}")
+
+
 register_impl(Impl(op="cross_entropy", backend=Backend.TRITON, forward=_t_fwd, backward=_t_bwd,
-                   supports=_triton_supports, priority=100, arch=ArchRange(min=(7, 0)), requires=("triton",),
+                   supports=_triton_supports, detail=_kernels, priority=100, arch=ArchRange(min=(7, 0)), requires=("triton",),
                    note="one read of the logits; the gradient written in the same kernel"))
 register_impl(Impl(op="cross_entropy", backend=Backend.REFERENCE, forward=ref.fwd, backward=ref.bwd,
                    supports=lambda p: None, priority=0, note="fp32 math in plain torch ops; any device"))

@@ -8,7 +8,8 @@ import torch
 from ...core.alloc import empty
 from ...core.arch import sm_count
 from ...core.checks import row_stride
-from ...core.tuning import SplitLaunch, TuningStack, hash_once
+from ...core.tuning import RingLaunch, SplitLaunch, TuningStack, hash_once, ring_launch
+from .. import ring
 from ..rowsync import launches
 from ..triton_launch import FastKernel
 from .kernels import _ce_fwd_kernel, _ce_fwd_split_kernel, _ce_grad_scale_kernel, _ce_reduce_kernel, _ce_scale_kernel
@@ -45,6 +46,21 @@ class CETuning:
     # barrier's latency costs more than pass 2's L2 misses at this width
     split_chunk: int = 0
     split_warps: int = 8
+    # ring kernel (``ring_sm90.py``, sm_90, Gluon: logits held in a TMA ring in shared memory, S
+    # programs per row exchanging (max, sum)): with a gradient and no softcap, 2-byte contiguous
+    # 16-byte aligned logits, ring_from..ring_to wide and a multiple of 256 (portions of
+    # ring_portion, the last one ragged), on sm_90 GPUs with at least ring_min_gbs_per_sm of
+    # datasheet bandwidth per SM (the H200's 36; the H100's 25: there the looped kernel already
+    # reaches 90.7%). Chunks of 16 x 256, 9 buffers (72 KB), 8 warps, 3 programs per SM: the
+    # softmax ring's launch. 0 turns it off.
+    ring_min_gbs_per_sm: float = 30.0
+    ring_from: int = 32768
+    ring_to: int = 262144
+    ring_portion: int = 32768
+    ring_box_rows: int = 16
+    ring_buffers: int = 9
+    ring_warps: int = 8
+    ring_programs_per_sm: int = 3
 
 
 _tuning = TuningStack(CETuning())
@@ -79,6 +95,46 @@ def ce_split_policy(v: int, sms: int, need_grad: bool, t: CETuning) -> SplitLaun
     return SplitLaunch(t.split_chunk, split, 1 << max(0, (split - 1).bit_length()), t.split_warps)
 
 
+def ring_policy(v: int, itemsize: int, gbs_per_sm: float, t: CETuning) -> RingLaunch | None:
+    """The ring kernel's launch for vocabularies of v (``ring_sm90.py``), or None where the
+    looped or split kernel runs (the caller checks the gradient, softcap and tensors)."""
+    if t.ring_min_gbs_per_sm <= 0 or gbs_per_sm < t.ring_min_gbs_per_sm or itemsize != 2:
+        return None
+    if not (t.ring_from <= v <= t.ring_to):
+        return None
+    return ring_launch(v, t.ring_portion, t.ring_box_rows, t.ring_buffers, t.ring_warps, t.ring_programs_per_sm,
+                       ragged=True)
+
+
+_RING = ("kernelset.ops.loss.ring_sm90", "_ce_ring_kernel")
+
+
+def ring_choice(v: int, dtype: torch.dtype, device: torch.device, t: CETuning, *, need_grad: bool = True,
+                softcap: float | None = None, arch: tuple[int, int] | None = None,
+                gbs_per_sm: float | None = None) -> RingLaunch | None:
+    """The ring kernel's launch where it applies to vocabularies of v on this device (the tensor
+    checks are the launcher's): a gradient, no softcap, sm_90, Gluon importable, the policy's
+    widths and bandwidth class. ``arch`` and ``gbs_per_sm`` describe another GPU (``ksctl plan``)."""
+    if not need_grad or softcap or not ring.on_sm90(device, arch) or not dtype.is_floating_point:
+        return None
+    gbs = ring.device_gbs_per_sm(device) if gbs_per_sm is None else gbs_per_sm
+    rp = ring_policy(v, dtype.itemsize, gbs, t)
+    return rp if rp is not None and ring.gluon_kernel(*_RING)[0] is not None else None
+
+
+def _ring_rows(logits, target, loss, lse, dx, scale, ignore_index, smoothing, z_loss, rp: RingLaunch, sms) -> bool:
+    """Launch the ring kernel where the tensors allow it; False where they do not, and nothing ran."""
+    m, v = logits.shape
+    la = ring.launch_args(logits, m, v, 3 if smoothing > 0.0 else 2, rp, sms) if dx.is_contiguous() else None
+    if la is None:
+        return False
+    grid, desc, sync, part = la
+    ring.gluon_kernel(*_RING)[0](grid, desc, logits, target, loss, lse, dx, scale, part, sync, m, v, ignore_index,
+                                 smoothing, z_loss, SMOOTH=smoothing > 0.0, S=rp.split, S_P2=rp.split_p2,
+                                 NCH=rp.chunks, BOXR=rp.box_rows, NB=rp.buffers, num_warps=rp.num_warps)
+    return True
+
+
 def ce_rows(logits, target, loss, lse, dx, scale, ignore_index, smoothing, z_loss, softcap, need_grad):
     """Launch the cross-entropy kernel over logits [M, V] (M > 0): per-row loss and lse, and the
     gradient into dx (which may be logits itself: every element is read before it is written)."""
@@ -86,6 +142,9 @@ def ce_rows(logits, target, loss, lse, dx, scale, ignore_index, smoothing, z_los
     t = active()
     sms = sm_count(logits.device)
     sx, sdx = row_stride(logits), (row_stride(dx) if dx is not None else v)
+    rp = ring_choice(v, logits.dtype, logits.device, t, need_grad=need_grad, softcap=softcap)
+    if rp is not None and _ring_rows(logits, target, loss, lse, dx, scale, ignore_index, smoothing, z_loss, rp, sms):
+        return
     sp = ce_split_policy(v, sms, need_grad, t)
     if sp.split:
         for phase, sync, part in launches(logits.device, m, 4 if smoothing > 0.0 else 3, sp.split_p2):

@@ -6,8 +6,9 @@ chunk in registers at each row's barrier with nothing in flight: on the H200 bot
 of copy at 4096x131072 (the H100 89-91%). Here a row's portions of ``P = N / S`` columns (one
 program each) arrive by TMA into a ring of ``NB`` chunks issued ahead; the programs exchange each
 portion's (max, sum of exponentials) through global memory (the rowsync protocol), then write
-``exp(z - max) / sum`` (or ``z - max - log sum``) from the ring. Per element and lane the
-statistics pass keeps a running max and sum (base 2), merged once per portion.
+``exp(z - max) / sum`` (or ``z - max - log sum``) from the ring. The statistics sweep the portion
+in the ring twice (its max, then its sum of exponentials, base 2): one exp2 per element there and
+one in the softmax's output.
 
 ``scripts/ring_probe.py`` measured this form (runs 5-7, docs/benchmarks/2026-11-27-s21) at
 4096x131072, S = 4, chunks of 16 x 256, 9 buffers, 8 warps, 3 programs per SM: H200 81.8% of copy
@@ -66,33 +67,35 @@ def _softmax_ring_fwd_kernel(x_desc, Y, PART, SYNC, R, N, inv_t, LOG: gl.constex
     offs = ri[:, None] * 256 + ci[None, :]
     for j in range(n_my):
         r = g + j * G
-        m_run = gl.full([BOXR, 256], float("-inf"), gl.float32, L)
-        s_run = gl.zeros([BOXR, 256], gl.float32, L)
+        # statistics in two sweeps over the portion in the ring: its max, then the sum of
+        # exp2(z - max), so each element costs one exp2 here and one in the output (an online
+        # max and sum per lane cost two here: on the H200 the multi-function unit, not HBM, then
+        # bounded the kernel at 81% of copy, log_softmax, with one exp2 less, at 85%)
+        mx = gl.full([BOXR, 256], float("-inf"), gl.float32, L)
         for q in gl.static_range(NCH):
-            z = ring_wait(ring, bars, j * NCH + q, NB, L).to(gl.float32) * scale
-            m_new = gl.maximum(m_run, z)
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # -inf lanes stay at sum 0
-            s_run = s_run * gl.exp2(m_run - m_use) + gl.exp2(z - m_use)
-            m_run = m_new
-        m_c = gl.max(gl.max(m_run, axis=1), axis=0)
-        m_cs = gl.where(m_c == float("-inf"), 0.0, m_c)
-        s_c = gl.sum(gl.sum(s_run * gl.exp2(m_run - m_cs), axis=1), axis=0)
+            mx = gl.maximum(mx, ring_wait(ring, bars, j * NCH + q, NB, L).to(gl.float32))
+        m_c = gl.max(gl.max(mx, axis=1), axis=0) * scale  # scale > 0 (temperature > 0)
+        m_cs = gl.where(m_c == float("-inf"), 0.0, m_c)  # a portion of -inf only: sum 0
+        acc = gl.zeros([BOXR, 256], gl.float32, L)
+        for q in gl.static_range(NCH):
+            xv = ring.index((j * NCH + q) % NB).load(L)
+            acc += gl.exp2(xv.to(gl.float32) * scale - m_cs)
+        s_c = gl.sum(gl.sum(acc, axis=1), axis=0)
         if S > 1:
             m_c, s_c = _row_stats(PART, SYNC, r, c, m_c, s_c, S, S_P2, V)
-        m_s = gl.where(m_c == float("-inf"), 0.0, m_c)  # an all -inf row gives NaN below, as torch does
+        m_s = gl.where(m_c == float("-inf"), 0.0, m_c)
+        # y = exp2(z - shift) or (z - shift) ln 2, z - shift one FMA; a row of -inf only has sum 0,
+        # shift -inf and gives NaN, as torch does
+        shift = m_s + gl.log2(s_c)
         ybase = Y + r.to(gl.int64) * N + c * (NCH * CH)
-        if LOG:
-            shift = m_s + gl.log2(s_c)
-        else:
-            inv_s = 1.0 / s_c
         for q in gl.static_range(NCH):
             k = j * NCH + q
             xv = ring.index(k % NB).load(L)
             ring_release(x_desc, ring, bars, k, K, g, G, c, row_tiles, NCH, BOXR, NB)  # before the math
-            z = xv.to(gl.float32) * scale
+            d = xv.to(gl.float32) * scale - shift
             if LOG:
-                y = (z - shift) * LN2
+                y = d * LN2
             else:
-                y = gl.exp2(z - m_s) * inv_s
+                y = gl.exp2(d)
             gl.store(ybase + q * CH + offs, y.to(Y.dtype.element_ty))
     ring_end(bars, NB)
