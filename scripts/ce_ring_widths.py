@@ -31,3 +31,11 @@ for m, v, sm in cases:
         del dx
     print(f"ce fwd+grad {m}x{v} smoothing {sm}: " + " | ".join(res), flush=True)
     del x; torch.cuda.empty_cache()
+# registers and spills of the ring kernel's compiled specializations (3 programs of 8 warps per SM
+# need at most 85 registers a thread)
+from kernelset.ops import ring
+fk = ring.gluon_kernel(*launch._RING)[0]
+for lay in fk.layouts.values():
+    for key, (kernel, _, _) in lay.cache.items():
+        print("ring kernel specialization",
+              f"regs {getattr(kernel, 'n_regs', '?')} spills {getattr(kernel, 'n_spills', '?')}", flush=True)

@@ -1,4 +1,4 @@
-"""The softmax ring forward (ops/softmax/ring_sm90.py, off by default) against the forward that
+"""The softmax ring forward (ops/softmax/ring_sm90.py; on by default on H200-class GPUs; here forced on and off) against the forward that
 runs without it, through ks.softmax / ks.log_softmax, bf16, ~512 MiB moved per call, at every
 width its policy covers (32768-131072, multiples of 32768), plus the host time of one small call.
 Usage (GPU): python scripts/softmax_ring_widths.py"""
@@ -7,7 +7,8 @@ from kernelset.ops.softmax import launch
 from kernelset.bench.timing import copy_bandwidth_gbs, cuda_time_ms
 dev = torch.device("cuda"); copy = copy_bandwidth_gbs(dev)
 print(torch.cuda.get_device_name(), f"copy {copy:.0f} GB/s", flush=True)
-on = dataclasses.replace(launch.active(), ring=True); off = launch.active()
+on = dataclasses.replace(launch.active(), ring=True, ring_min_gbs_per_sm=0.0)
+off = dataclasses.replace(launch.active(), ring=False)
 for m, n in ((8192, 32768), (4096, 65536), (2730, 98304), (2048, 131072), (4096, 131072)):
     x = torch.randn(m, n, dtype=torch.bfloat16, device=dev) * 3
     nb = 2 * x.numel() * 2

@@ -254,14 +254,14 @@ def test_looped_forward_takes_131072_wide_two_byte_rows():
     assert p.looped and p.ept == t.looped_ept and p.block_n % p.ept == 0
 
 
-# ---- the ring forward (ring_sm90.py: sm_90, Gluon; off by default) ----------------------------
+# ---- the ring forward (ring_sm90.py: sm_90, Gluon; H200-class GPUs by default) ----------------
 
-RING = dataclasses.replace(launch.SoftmaxTuning(), ring=True)
+RING = dataclasses.replace(launch.SoftmaxTuning(), ring=True, ring_min_gbs_per_sm=0.0)  # any sm_90
 
 
 def test_ring_policy():
-    """Off by default; when on, 2-byte rows of 32768..131072 columns in 32768-column portions."""
-    assert launch.ring_policy(131072, 2, launch.SoftmaxTuning()) is None
+    """2-byte rows of 32768..131072 columns in 32768-column portions; nothing when turned off."""
+    assert launch.ring_policy(131072, 2, launch.SoftmaxTuning(ring=False)) is None
     rp = launch.ring_policy(131072, 2, RING)
     assert (rp.split, rp.split_p2, rp.chunks, rp.box_rows, rp.buffers, rp.num_warps) == (4, 4, 8, 16, 9, 8)
     assert launch.ring_policy(32768, 2, RING).split == 1
@@ -271,9 +271,16 @@ def test_ring_policy():
     assert launch.ring_policy(131072, 4, RING) is None  # fp32 rows
 
 
-def test_ring_choice_needs_sm90_cuda(device):
+def test_ring_choice_needs_sm90_cuda_and_the_bandwidth_class(device, monkeypatch):
     if device.type != "cuda":
         assert launch.ring_choice(131072, torch.bfloat16, device, RING) is None
+    from kernelset.ops import ring
+    monkeypatch.setattr(ring, "on_sm90", lambda device, arch=None: True)
+    monkeypatch.setattr(ring, "gluon_kernel", lambda mod, name: (object(), None))
+    cuda, t = torch.device("cuda"), launch.SoftmaxTuning()
+    assert launch.ring_choice(131072, torch.bfloat16, cuda, t, gbs_per_sm=36.0) is not None  # H200
+    assert launch.ring_choice(131072, torch.bfloat16, cuda, t, gbs_per_sm=25.0) is None  # H100
+    assert launch.ring_choice(131072, torch.bfloat16, cuda, RING, gbs_per_sm=25.0) is not None
 
 
 _RING_AOT = r"""

@@ -122,3 +122,16 @@ def test_direct_launch_matches_triton_launch(direct):
     launcher_module = getattr(getattr(getattr(kernel.run, "launch", None), "__self__", None), "__name__", "")
     if launcher_module == "__triton_launcher" and not getattr(kernel.run, "global_scratch_size", 0):
         assert raw is not None
+
+
+def test_gluon_ring_kernels_take_the_direct_path():
+    """The Gluon ring kernels name num_warps as a constexpr parameter and take a TMA descriptor
+    first: FastKernel still launches them directly (every constexpr by name, num_warps from the
+    launch option), not through Triton's binding on every call."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    from kernelset.ops.loss import ring_sm90 as CE
+    from kernelset.ops.norm import ring_sm90 as NORM
+    from kernelset.ops.softmax import ring_sm90 as SM
+    for fn in (CE._ce_ring_kernel, NORM._rms_ring_fwd_kernel, SM._softmax_ring_fwd_kernel):
+        fk = FastKernel(fn)
+        assert fk.direct and fk.positional_only and fk.nw_param, fn

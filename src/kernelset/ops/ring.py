@@ -32,6 +32,7 @@ def on_sm90(device: torch.device, arch: tuple[int, int] | None = None) -> bool:
     return device.type == "cuda" and (device_arch(device) if arch is None else arch) == (9, 0)
 
 
+@functools.lru_cache(maxsize=None)
 def device_gbs_per_sm(device: torch.device) -> float:
     """Datasheet memory bandwidth per SM of a CUDA device (GB/s), 0 where the GPU table does not
     list it: the ring policies' bandwidth class (the ring pays where HBM keeps up with L2)."""

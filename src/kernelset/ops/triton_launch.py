@@ -154,6 +154,8 @@ class FastKernel:
         self.first_const = self.const.index(True) if True in self.const else len(self.const)
         self.const_names = frozenset(n for n, c in zip(self.names, self.const) if c)
         self.positional_only = self.direct and all(self.const[self.first_const:])
+        # Gluon kernels name ``num_warps`` as a constexpr parameter: the launch option binds it
+        self.nw_param = "num_warps" in self.const_names
         self.cache: dict[tuple, Any] = {}  # generic-key launches
         self.layouts: dict[tuple[type, ...], _Layout] = {}  # fast-key launches, per layout of argument types
 
@@ -181,7 +183,8 @@ class FastKernel:
         device = first.get_device()
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
-        if self.positional_only and len(args) == self.first_const and kwargs.keys() == self.const_names:
+        ck = {**kwargs, "num_warps": num_warps} if self.nw_param else kwargs  # every constexpr by name
+        if self.positional_only and len(args) == self.first_const and ck.keys() == self.const_names:
             types = tuple(map(type, args))
             lay = self.layouts.get(types)
             if lay is None:
@@ -192,7 +195,7 @@ class FastKernel:
                 kernel = self.fn[grid](*args, **kwargs, **self._opts(num_warps, num_stages, fp_fusion))
                 if kernel is not None and hasattr(kernel, "packed_metadata") and not hasattr(kernel, "result"):
                     # the constexpr values are part of the key: their launcher arguments are fixed
-                    tail = tuple(kwargs[n] for n in self.names[self.first_const:])
+                    tail = tuple(ck[n] for n in self.names[self.first_const:])
                     lay.cache[key] = (kernel, tail, _raw_launcher(kernel))
                 return
             kernel, tail, raw = entry
@@ -205,8 +208,8 @@ class FastKernel:
                 kernel.run(grid[0], g1, g2, stream, kernel.function, kernel.packed_metadata, None, None, None,
                            *args, *tail)
             return
-        if len(args) + len(kwargs) == len(self.names) and all(n in kwargs for n in self.names[len(args):]):
-            full = list(args) + [kwargs[n] for n in self.names[len(args):]]
+        if len(args) + len(ck) == len(self.names) and all(n in ck for n in self.names[len(args):]):
+            full = list(args) + [ck[n] for n in self.names[len(args):]]
             key = (device, num_warps, num_stages, fp_fusion) + tuple(
                 v if c else _spec(v) for v, c in zip(full, self.const))
             kernel = self.cache.get(key)

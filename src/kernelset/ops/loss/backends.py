@@ -72,7 +72,7 @@ def _kernels(p: Problem) -> str:
     if rp is None:
         return f"kernels: {other}"
     portion = rp.chunks * rp.box_rows * 256
-    return (f"kernels: with a gradient and no softcap, the ring kernel on sm_90 (Gluon: {rp.split} programs of "
+    return (f"kernels: with a gradient, no softcap and no label smoothing, the ring kernel on sm_90 (Gluon: {rp.split} programs of "
             f"{portion} logits per row, logits in a TMA ring in shared memory; contiguous 16-byte aligned logits, "
             f"else the {other}); otherwise the {other}")
 

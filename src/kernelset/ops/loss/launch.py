@@ -47,13 +47,17 @@ class CETuning:
     split_chunk: int = 0
     split_warps: int = 8
     # ring kernel (``ring_sm90.py``, sm_90, Gluon: logits held in a TMA ring in shared memory, S
-    # programs per row exchanging (max, sum)): with a gradient and no softcap, 2-byte contiguous
-    # 16-byte aligned logits, ring_from..ring_to wide and a multiple of 256 (portions of
-    # ring_portion, the last one ragged), on sm_90 GPUs with at least ring_min_gbs_per_sm of
-    # datasheet bandwidth per SM (the H200's 36; the H100's 25: there the looped kernel already
-    # reaches 90.7%). Chunks of 16 x 256, 9 buffers (72 KB), 8 warps, 3 programs per SM: the
-    # softmax ring's launch. 0 turns it off.
-    ring_min_gbs_per_sm: float = 30.0
+    # programs per row exchanging (max, sum)): with a gradient, no softcap and no label
+    # smoothing, 2-byte contiguous 16-byte aligned logits, ring_from..ring_to wide and a multiple
+    # of 256 (portions of ring_portion, the last one ragged), on sm_90 GPUs with at least
+    # ring_min_gbs_per_sm of datasheet bandwidth per SM (H100 SXM 25, H200 36; not measured on
+    # the PCIe H100's 17.5). Chunks of 16 x 256, 9 buffers (72 KB), 8 warps, 3 programs per SM.
+    # scripts/ce_ring_widths.py (docs/benchmarks/2026-11-27-s22 runs 4-5), ring / looped, % of
+    # copy: H200 8192x128256 82.1 / 77.0, 4096x262144 84.0 / 68.6, 16384x65536 85.2 / 67.3,
+    # 32768x32768 82.9 / 61.5; H100 91.9 / 90.8, 94.1 / 76.7, 91.3 / 86.6, 88.7 / 76.1. With
+    # smoothing the kernel needs 92-98 registers, past the 85 of 3 programs per SM (H200 55.8%
+    # against 74.9%): those rows stay on the looped kernel. 0 turns it off.
+    ring_min_gbs_per_sm: float = 20.0
     ring_from: int = 32768
     ring_to: int = 262144
     ring_portion: int = 32768
@@ -110,27 +114,28 @@ _RING = ("kernelset.ops.loss.ring_sm90", "_ce_ring_kernel")
 
 
 def ring_choice(v: int, dtype: torch.dtype, device: torch.device, t: CETuning, *, need_grad: bool = True,
-                softcap: float | None = None, arch: tuple[int, int] | None = None,
+                softcap: float | None = None, smoothing: float = 0.0, arch: tuple[int, int] | None = None,
                 gbs_per_sm: float | None = None) -> RingLaunch | None:
     """The ring kernel's launch where it applies to vocabularies of v on this device (the tensor
-    checks are the launcher's): a gradient, no softcap, sm_90, Gluon importable, the policy's
-    widths and bandwidth class. ``arch`` and ``gbs_per_sm`` describe another GPU (``ksctl plan``)."""
-    if not need_grad or softcap or not ring.on_sm90(device, arch) or not dtype.is_floating_point:
+    checks are the launcher's): a gradient, no softcap, no label smoothing, sm_90, Gluon
+    importable, the policy's widths and bandwidth class. ``arch`` and ``gbs_per_sm`` describe
+    another GPU (``ksctl plan``)."""
+    if not need_grad or softcap or smoothing or not ring.on_sm90(device, arch) or not dtype.is_floating_point:
         return None
     gbs = ring.device_gbs_per_sm(device) if gbs_per_sm is None else gbs_per_sm
     rp = ring_policy(v, dtype.itemsize, gbs, t)
     return rp if rp is not None and ring.gluon_kernel(*_RING)[0] is not None else None
 
 
-def _ring_rows(logits, target, loss, lse, dx, scale, ignore_index, smoothing, z_loss, rp: RingLaunch, sms) -> bool:
+def _ring_rows(logits, target, loss, lse, dx, scale, ignore_index, z_loss, rp: RingLaunch, sms) -> bool:
     """Launch the ring kernel where the tensors allow it; False where they do not, and nothing ran."""
     m, v = logits.shape
-    la = ring.launch_args(logits, m, v, 3 if smoothing > 0.0 else 2, rp, sms) if dx.is_contiguous() else None
+    la = ring.launch_args(logits, m, v, 2, rp, sms) if dx.is_contiguous() else None
     if la is None:
         return False
     grid, desc, sync, part = la
     ring.gluon_kernel(*_RING)[0](grid, desc, logits, target, loss, lse, dx, scale, part, sync, m, v, ignore_index,
-                                 smoothing, z_loss, SMOOTH=smoothing > 0.0, S=rp.split, S_P2=rp.split_p2,
+                                 z_loss, RAGGED=rp.split * rp.chunks * rp.box_rows * 256 != v, S=rp.split, S_P2=rp.split_p2,
                                  NCH=rp.chunks, BOXR=rp.box_rows, NB=rp.buffers, num_warps=rp.num_warps)
     return True
 
@@ -142,8 +147,8 @@ def ce_rows(logits, target, loss, lse, dx, scale, ignore_index, smoothing, z_los
     t = active()
     sms = sm_count(logits.device)
     sx, sdx = row_stride(logits), (row_stride(dx) if dx is not None else v)
-    rp = ring_choice(v, logits.dtype, logits.device, t, need_grad=need_grad, softcap=softcap)
-    if rp is not None and _ring_rows(logits, target, loss, lse, dx, scale, ignore_index, smoothing, z_loss, rp, sms):
+    rp = ring_choice(v, logits.dtype, logits.device, t, need_grad=need_grad, softcap=softcap, smoothing=smoothing)
+    if rp is not None and _ring_rows(logits, target, loss, lse, dx, scale, ignore_index, z_loss, rp, sms):
         return
     sp = ce_split_policy(v, sms, need_grad, t)
     if sp.split:

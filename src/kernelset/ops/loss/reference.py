@@ -26,7 +26,9 @@ def rows(logits, target, ignore_index, label_smoothing, z_loss, softcap):
     valid = counted & (target >= 0) & (target < z.shape[-1])
     t = torch.where(valid, target, torch.zeros_like(target)).long()
     zt = z.gather(-1, t.unsqueeze(-1)).squeeze(-1)
-    loss = (1.0 - label_smoothing) * (lse - zt) + label_smoothing * (lse - z.mean(-1)) + z_loss * lse * lse
+    loss = (1.0 - label_smoothing) * (lse - zt) + z_loss * lse * lse
+    if label_smoothing:  # (never 0 * mean(z): a row with -inf logits would turn NaN)
+        loss = loss + label_smoothing * (lse - z.mean(-1))
     loss = torch.where(valid, loss, torch.where(counted, torch.full_like(loss, float("nan")), torch.zeros_like(loss)))
     return loss, lse, z, valid, t
 

@@ -33,7 +33,6 @@ _bwd_split = FastKernel(_norm_bwd_split_kernel)
 _fwd_torch_order = FastKernel(_rms_fwd_torch_order_kernel)
 
 
-@functools.lru_cache(maxsize=None)
 device_gbs_per_sm = ring.device_gbs_per_sm  # (a module global: tests stand another GPU in)
 
 

@@ -74,7 +74,7 @@ def _kernels(p: Problem) -> str:
         return "kernels: block forward"
     sp = L.split_policy(n, t.max_block_fwd, t.split_chunk_fwd, t.split_min_fwd, t.looped_only_fwd, esize, sms, t)
     other = f"split forward ({sp.split} programs of {sp.chunk} columns per row)" if sp.split else "looped forward"
-    rp = L.ring_choice(n, p.dtype, p.device, t, arch=p.arch) if t.ring else None
+    rp = L.ring_choice(n, p.dtype, p.device, t, arch=p.arch, gbs_per_sm=p.attrs.get("target_gbs_per_sm"))
     if rp is not None:
         return (f"kernels: ring forward on sm_90 (Gluon: {rp.split} programs of {n // rp.split} columns per row, "
                 f"rows in a TMA ring in shared memory; contiguous 16-byte aligned rows, else {other})")

@@ -61,11 +61,16 @@ class SoftmaxTuning:
     split_warps: int = 4
     # ring forward (``ring_sm90.py``, sm_90, Gluon: rows held in a TMA ring in shared memory, the
     # row's portions exchanging (max, sum)): 2-byte contiguous rows of ring_from..ring_to columns,
-    # a multiple of ring_portion. ``scripts/ring_probe.py`` at 4096x131072 (portions of 32768,
-    # chunks of 16 x 256, 9 buffers, 8 warps, 3 programs per SM): H200 81.8% of copy against 77.1%,
-    # H100 91.9% against 91.1% (session 21, runs 5-7); 8192x32768 on the H200 82.0% against 73.8%.
-    # Off until a GPU session has run this launcher and its tests (tests/test_softmax.py forces it).
-    ring: bool = False
+    # a multiple of ring_portion, on sm_90 GPUs with at least ring_min_gbs_per_sm of datasheet
+    # bandwidth per SM. Portions of 32768, chunks of 16 x 256, 9 buffers, 8 warps, 3 programs per
+    # SM. scripts/softmax_ring_widths.py through ks.softmax / ks.log_softmax, ring / other, % of
+    # copy (docs/benchmarks/2026-11-27-s22 runs 2 and 5):
+    # - H200 (36 GB/s per SM): 8192x32768 83.6 / 74.7, 4096x65536 84.7 / 72.5, 2730x98304
+    #   84.9 / 77.0, 4096x131072 86.7 / 77.0 (log_softmax 84.5-88.1 / 78.4-81.1): on;
+    # - H100 (25): 86.7 / 90.0 at 32768, 89.5 / 89.3 at 65536, 92.7 / 91.2 at 4096x131072;
+    #   log_softmax 89.3-93.0 / 91.1-92.6: off there (a loss at 32768 and for log_softmax).
+    ring: bool = True
+    ring_min_gbs_per_sm: float = 30.0
     ring_from: int = 32768
     ring_to: int = 131072
     ring_portion: int = 32768
@@ -131,10 +136,12 @@ _RING = ("kernelset.ops.softmax.ring_sm90", "_softmax_ring_fwd_kernel")
 
 
 def ring_choice(n: int, dtype: torch.dtype, device: torch.device, t: SoftmaxTuning, *,
-                arch: tuple[int, int] | None = None) -> RingLaunch | None:
-    """The ring forward's launch where it applies to rows of n on this device (sm_90, Gluon);
-    ``arch`` describes another GPU than this device's (``ksctl plan``)."""
-    if not ring.on_sm90(device, arch) or not dtype.is_floating_point:
+                arch: tuple[int, int] | None = None, gbs_per_sm: float | None = None) -> RingLaunch | None:
+    """The ring forward's launch where it applies to rows of n on this device (sm_90, Gluon, the
+    bandwidth class); ``arch`` and ``gbs_per_sm`` describe another GPU (``ksctl plan``)."""
+    if not t.ring or not ring.on_sm90(device, arch) or not dtype.is_floating_point:
+        return None
+    if (ring.device_gbs_per_sm(device) if gbs_per_sm is None else gbs_per_sm) < t.ring_min_gbs_per_sm:
         return None
     rp = ring_policy(n, dtype.itemsize, t)
     return rp if rp is not None and ring.gluon_kernel(*_RING)[0] is not None else None
