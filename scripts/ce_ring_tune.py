@@ -1,6 +1,6 @@
 """Launch configurations of the cross-entropy ring kernel (ops/loss/ring_sm90.py), forward with its
 gradient through launch.ce_fwd, bf16, % of copy (read logits + write the gradient); each checked
-against the fp32 reference on its first 256 rows. Usage (GPU): python scripts/ce_ring_tune.py"""
+against the fp32 reference on its first 256 rows. Usage (GPU): python scripts/ce_ring_tune.py [0,2 (config indices)]"""
 import dataclasses, torch
 from kernelset.ops.loss import launch
 from kernelset.ops.loss import reference as R
@@ -12,7 +12,10 @@ base = dataclasses.replace(launch.active(), ring_min_gbs_per_sm=0.001)
 # (each fits an SM: shared memory <= 228 KB, 80 registers x threads <= 64K)
 configs = ((32768, 16, 9, 8, 3), (16384, 16, 9, 8, 3), (16384, 8, 9, 4, 6), (32768, 8, 16, 8, 3),
            (32768, 16, 8, 8, 3), (16384, 8, 10, 4, 5))
-for m, v in ((8192, 128256), (4096, 262144), (16384, 65536)):
+import sys
+if len(sys.argv) > 1:  # indices of the configs to run (and only the first two shapes)
+    configs = tuple(configs[int(i)] for i in sys.argv[1].split(","))
+for m, v in ((8192, 128256), (4096, 262144), (16384, 65536))[:2 if len(sys.argv) > 1 else 3]:
     x = torch.randn(m, v, dtype=torch.bfloat16, device=dev) * 2
     t = torch.randint(0, v, (m,), device=dev)
     wl, wd = R.fwd(x[:256], t[:256], -100, 0.0, 0.0, None, "sum", True)
