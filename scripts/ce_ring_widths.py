@@ -1,7 +1,7 @@
 """The cross-entropy ring kernel (ops/loss/ring_sm90.py) against the kernel that runs without it,
 forward with its gradient (what a training step's loss runs: the backward only scales when the
 incoming gradient is not 1), bf16, bytes = read logits + write the gradient. Turned on whatever
-the GPU's bandwidth class (the default keeps it to H200-class GPUs). Usage (GPU):
+the GPU's bandwidth class (the default: SXM-class GPUs), with the launch of this GPU's class. Usage (GPU):
 python scripts/ce_ring_widths.py"""
 import dataclasses, torch
 from kernelset.ops.loss import launch

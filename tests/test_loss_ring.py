@@ -22,10 +22,13 @@ def test_ring_policy():
     """Vocabularies of 32768-262144, multiples of 256, in portions of 32768 (the last ragged);
     2-byte logits; SXM-class bandwidth per SM (H100 SXM, H200) by default."""
     t = launch.CETuning()
-    rp = launch.ring_policy(128256, 2, 36.0, t)
+    rp = launch.ring_policy(128256, 2, 25.0, t)  # H100 SXM
     assert (rp.split, rp.split_p2, rp.chunks, rp.box_rows, rp.buffers, rp.num_warps) == (4, 4, 8, 16, 9, 8)
-    assert launch.ring_policy(262144, 2, 36.0, t).split == 8
-    assert launch.ring_policy(32768, 2, 36.0, t).split == 1
+    assert launch.ring_policy(262144, 2, 25.0, t).split == 8
+    assert launch.ring_policy(32768, 2, 25.0, t).split == 1
+    rp = launch.ring_policy(128256, 2, 36.0, t)  # H200: smaller portions, 6 programs of 4 warps per SM
+    assert (rp.split, rp.split_p2, rp.chunks, rp.box_rows, rp.buffers, rp.num_warps, rp.programs_per_sm) == (
+        8, 8, 8, 8, 9, 4, 6)
     assert launch.ring_policy(128256, 2, 25.0, t) is not None  # H100 SXM
     assert launch.ring_policy(128256, 2, 17.5, t) is None  # H100 PCIe: not measured, the looped kernel
     assert launch.ring_policy(128256, 2, 17.5, RING) is not None
@@ -60,21 +63,21 @@ from kernelset.ops.loss.launch import CETuning, ring_policy
 
 out = []
 fn = K._ce_ring_kernel
-for v, dt, tdt in ((128256, "bf16", "i64"), (128256, "bf16", "i32"), (32768, "fp16", "i64"), (262144, "bf16", "i64"),
-                   (33024, "bf16", "i64")):
-    rp = ring_policy(v, 2, 36.0, CETuning())
+for v, dt, tdt, gbs in ((128256, "bf16", "i64", 25.0), (128256, "bf16", "i32", 36.0), (32768, "fp16", "i64", 25.0),
+                        (262144, "bf16", "i64", 36.0), (33024, "bf16", "i64", 25.0), (33024, "fp16", "i64", 36.0)):
+    rp = ring_policy(v, 2, gbs, CETuning())
     lay = gl.NVMMASharedLayout.get_default_for([rp.box_rows, 256], gl.bfloat16 if dt == "bf16" else gl.float16)
     sig = dict(x_desc=f"tensordesc<{dt}[{rp.box_rows}, 256],{lay!r}>", X=f"*{dt}", T=f"*{tdt}", LOSS="*fp32",
                LSE="*fp32", DX=f"*{dt}", SCALE="*fp32", PART="*fp32", SYNC="*i32", R="i32", V="i32",
                ignore_index="i32", z_loss="fp32")
-    consts = dict(RAGGED=v % 32768 != 0, S=rp.split, S_P2=rp.split_p2, NCH=rp.chunks, BOXR=rp.box_rows, NB=rp.buffers,
+    consts = dict(RAGGED=v % (rp.chunks * rp.box_rows * 256) != 0, S=rp.split, S_P2=rp.split_p2, NCH=rp.chunks, BOXR=rp.box_rows, NB=rp.buffers,
                   num_warps=rp.num_warps)
     full = {a: sig.get(a) or "constexpr" for a in fn.arg_names}
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in ("X", "DX", "PART", "SYNC", "V")}
     c = triton.compile(GluonASTSource(fn, signature=full, constexprs=consts, attrs=attrs),
                        target=GPUTarget("cuda", 90, 32), options=dict(num_warps=rp.num_warps))
     ptx = c.asm["ptx"]
-    out.append(dict(case=f"{v}-{dt}-{tdt}", local="ld.local" in ptx or "st.local" in ptx, tma="cp.async.bulk.tensor" in ptx, smem=c.metadata.shared,
+    out.append(dict(case=f"{v}-{dt}-{tdt}-{gbs}", local="ld.local" in ptx or "st.local" in ptx, tma="cp.async.bulk.tensor" in ptx, smem=c.metadata.shared,
                     acquire=("ld.global.gpu.acquire" in ptx) or rp.split == 1, per_sm=rp.programs_per_sm,
                     vec="st.global.v4" in ptx))
 print(json.dumps(out))
@@ -86,7 +89,7 @@ def test_ring_kernel_compiles_for_sm90():
     loads, 16-byte gradient stores, the row's count polled with acquire loads where a row has
     several portions, and the policy's programs per SM fit an SM's 228 KB of shared memory."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
-    for r in compile_report(_RING_AOT, 5):
+    for r in compile_report(_RING_AOT, 6):
         assert r["tma"] and r["acquire"] and r["vec"], r
         assert r["per_sm"] * (r["smem"] + 1024) <= 228 * 1024, r
 
@@ -125,8 +128,8 @@ def test_ring_launcher_binds_the_kernel_signature(monkeypatch):
     assert bound["PART"] is part and bound["SYNC"] is sync
     assert (bound["R"], bound["V"], bound["ignore_index"], bound["z_loss"]) == (5, 128256, -100, 1e-4)
     assert (bound["RAGGED"], bound["S"], bound["S_P2"], bound["NCH"], bound["BOXR"], bound["NB"],
-            bound["num_warps"]) == (True, 4, 4, 8, 16, 9, 8)
-    assert grid == (12,)  # 4 "SMs" off the GPU x 3 programs each = 3 groups of 4 programs (5 rows)
+            bound["num_warps"]) == (True, 8, 8, 8, 8, 9, 4)
+    assert grid == (24,)  # 4 "SMs" off the GPU x 6 programs each = 3 groups of 8 programs (5 rows)
 
 
 def _ring_gpu(device):

@@ -65,6 +65,13 @@ class CETuning:
     ring_buffers: int = 9
     ring_warps: int = 8
     ring_programs_per_sm: int = 3
+    # on GPUs of at least ring_small_gbs_per_sm (the H200: 36), portions of 16384 in chunks of
+    # 8 x 256, 9 buffers (36 KB), 4 warps, 6 programs per SM, as the RMSNorm ring
+    # (scripts/ce_ring_tune.py, s22 run 9, H200, against the launch above): 8192x128256 83.6 /
+    # 80.9%, 4096x262144 88.1 / 86.2%, 16384x65536 89.4 / 85.0%. Not measured on the H100 (no
+    # device time left): it keeps the launch above, measured there (91.9% at 8192x128256).
+    ring_small_gbs_per_sm: float = 30.0
+    ring_small: tuple[int, int, int, int, int] = (16384, 8, 9, 4, 6)  # portion, box rows, buffers, warps, per SM
 
 
 _tuning = TuningStack(CETuning())
@@ -106,6 +113,8 @@ def ring_policy(v: int, itemsize: int, gbs_per_sm: float, t: CETuning) -> RingLa
         return None
     if not (t.ring_from <= v <= t.ring_to):
         return None
+    if t.ring_small_gbs_per_sm > 0 and gbs_per_sm >= t.ring_small_gbs_per_sm:
+        return ring_launch(v, *t.ring_small, ragged=True)
     return ring_launch(v, t.ring_portion, t.ring_box_rows, t.ring_buffers, t.ring_warps, t.ring_programs_per_sm,
                        ragged=True)
 
