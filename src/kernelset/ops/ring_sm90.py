@@ -4,9 +4,11 @@ A ring kernel's program owns one portion of a row (``S`` programs per row) and w
 g, g + G, ... with its group; its portion arrives in chunks of ``[BOXR, 256]`` elements (x seen as
 ``[R * N / 256, 256]``) into a ring of ``NB`` shared buffers, each with its mbarrier, issued ``NB``
 chunks ahead (``ring_start``); a chunk is read with ``ring_wait`` and its buffer handed back to the
-TMA with ``ring_release`` once it is in registers. The kernels themselves only hold their
-statistics, their row exchange and their output math. Users: ``norm/ring_sm90.py`` (RMSNorm
-forward), ``softmax/ring_sm90.py`` (softmax forward). Only imported where Gluon's Hopper module
+TMA with ``ring_release`` once it is in registers. A row's programs exchange partials through
+global memory: ``row_wait`` (the count, release / acquire), ``row_max_sum`` (a softmax's (max,
+sum), for softmax and cross-entropy). The kernels themselves only hold their statistics and their
+output math. Users: ``norm/ring_sm90.py`` (RMSNorm
+forward), ``softmax/ring_sm90.py`` (softmax forward), ``loss/ring_sm90.py`` (cross-entropy). Only imported where Gluon's Hopper module
 exists.
 """
 from __future__ import annotations
@@ -72,6 +74,34 @@ def ring_release(x_desc, ring, bars, k, K, g, G, c, row_tiles, NCH: gl.constexpr
     cta_barrier()
     fence_async_shared()
     issue_chunk(x_desc, ring, bars, k + NB, K, g, G, c, row_tiles, P_TILES, NCH, BOXR, NB)
+
+
+@gluon.jit
+def row_wait(SYNC, r, S: gl.constexpr):
+    """This program's partials of row r are published (relaxed): count it with release semantics,
+    then poll the row's count with acquire loads until all S programs have."""
+    gl.atomic_add(SYNC + 1 + r, 1, sem="release", scope="gpu")
+    n = gl.atomic_add(SYNC + 1 + r, 0, sem="acquire", scope="gpu")
+    while n < S:
+        n = gl.atomic_add(SYNC + 1 + r, 0, sem="acquire", scope="gpu")
+
+
+@gluon.jit
+def row_max_sum(PART, SYNC, r, c, m_c, s_c, S: gl.constexpr, S_P2: gl.constexpr, v_layout: gl.constexpr):
+    """Publish portion c's (max, sum of exp2(u - max)) of row r (base 2; PART rows of 2 x S_P2),
+    wait for the row's S programs, and return the row's (max, sum), merged in portion order."""
+    base = PART + r * (2 * S_P2) + c
+    gl.atomic_xchg(base, m_c, sem="relaxed", scope="gpu")
+    gl.atomic_xchg(base + S_P2, s_c, sem="relaxed", scope="gpu")
+    row_wait(SYNC, r, S)
+    i = gl.arange(0, S_P2, layout=v_layout)
+    ok = i < S
+    # volatile: from L2, never a stale L1 line
+    pm = gl.load(PART + r * (2 * S_P2) + i, mask=ok, other=float("-inf"), volatile=True)
+    ps = gl.load(PART + r * (2 * S_P2) + S_P2 + i, mask=ok, other=0.0, volatile=True)
+    m = gl.max(pm, axis=0)
+    ms = gl.where(m == float("-inf"), 0.0, m)
+    return m, gl.sum(ps * gl.exp2(pm - ms), axis=0)
 
 
 @gluon.jit

@@ -26,32 +26,10 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from ..ring_sm90 import cta_barrier, ring_end, ring_release, ring_start, ring_wait
+from ..ring_sm90 import cta_barrier, ring_end, ring_release, ring_start, ring_wait, row_max_sum
 
 LOG2E = gl.constexpr(1.4426950408889634)
 LN2 = gl.constexpr(0.6931471805599453)
-
-
-@gluon.jit
-def _row_stats(PART, SYNC, r, c, m_c, s_c, S: gl.constexpr, S_P2: gl.constexpr, v_layout: gl.constexpr):
-    """Publish this portion's (max, sum of exp2(u - max)) of row r (u = logit * log2 e), wait for
-    the row's S programs, return the row's two."""
-    base = PART + r * (2 * S_P2) + c
-    gl.atomic_xchg(base, m_c, sem="relaxed", scope="gpu")
-    gl.atomic_xchg(base + S_P2, s_c, sem="relaxed", scope="gpu")
-    gl.atomic_add(SYNC + 1 + r, 1, sem="release", scope="gpu")
-    n = gl.atomic_add(SYNC + 1 + r, 0, sem="acquire", scope="gpu")
-    while n < S:
-        n = gl.atomic_add(SYNC + 1 + r, 0, sem="acquire", scope="gpu")
-    i = gl.arange(0, S_P2, layout=v_layout)
-    ok = i < S
-    row = PART + r * (2 * S_P2) + i
-    # volatile: from L2, never a stale L1 line
-    pm = gl.load(row, mask=ok, other=float("-inf"), volatile=True)
-    ps = gl.load(row + S_P2, mask=ok, other=0.0, volatile=True)
-    m = gl.max(pm, axis=0)
-    ms = gl.where(m == float("-inf"), 0.0, m)
-    return m, gl.sum(ps * gl.exp2(pm - ms), axis=0)
 
 
 @gluon.jit
@@ -101,7 +79,7 @@ def _ce_ring_kernel(x_desc, X, T, LOSS, LSE, DX, SCALE, PART, SYNC, R, V, ignore
             acc += gl.exp2(xv * LOG2E - m_cs)
         s_c = gl.sum(gl.sum(acc, axis=1), axis=0)
         if S > 1:
-            m_c, s_c = _row_stats(PART, SYNC, r, c, m_c, s_c, S, S_P2, VL)
+            m_c, s_c = row_max_sum(PART, SYNC, r, c, m_c, s_c, S, S_P2, VL)
         lse2 = gl.where(m_c == float("-inf"), 0.0, m_c) + gl.log2(s_c)  # base 2; -inf for a row of -inf
         lse = lse2 * LN2
         if c == 0:

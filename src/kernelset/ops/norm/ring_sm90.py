@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from ..ring_sm90 import ring_end, ring_release, ring_start, ring_wait
+from ..ring_sm90 import ring_end, ring_release, ring_start, ring_wait, row_wait
 
 
 @gluon.jit
@@ -37,10 +37,7 @@ def _row_sum(PART, SYNC, r, c, a, S: gl.constexpr, S_P2: gl.constexpr, v_layout:
     """Publish this portion's partial ``a`` of row r, wait until the row's S programs have, and
     return the row's total (portions summed in order)."""
     gl.atomic_xchg(PART + r * S_P2 + c, a, sem="relaxed", scope="gpu")
-    gl.atomic_add(SYNC + 1 + r, 1, sem="release", scope="gpu")
-    n = gl.atomic_add(SYNC + 1 + r, 0, sem="acquire", scope="gpu")
-    while n < S:
-        n = gl.atomic_add(SYNC + 1 + r, 0, sem="acquire", scope="gpu")
+    row_wait(SYNC, r, S)
     i = gl.arange(0, S_P2, layout=v_layout)
     # volatile: from L2, never a stale L1 line
     p = gl.load(PART + r * S_P2 + i, mask=i < S, other=0.0, volatile=True)
