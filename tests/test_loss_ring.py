@@ -105,8 +105,9 @@ def test_ring_launcher_binds_the_kernel_signature(monkeypatch):
     monkeypatch.setattr(ring, "gluon_kernel", lambda mod, name: (lambda grid, *a, **kw: calls.append((grid, a, kw)), None))
     monkeypatch.setattr(ring, "on_sm90", lambda device, arch=None: True)
     monkeypatch.setattr(ring, "device_gbs_per_sm", lambda device: 36.0)
-    sync, part = torch.zeros(6, dtype=torch.int32), torch.empty(60)
-    monkeypatch.setattr(ring, "launches", lambda dev, m, nslot, p2: ((0, sync, part),))
+    sync, part = torch.zeros(6, dtype=torch.int32), torch.empty(5 * 2 * 8)
+    asked = []
+    monkeypatch.setattr(ring, "launches", lambda dev, m, nslot, p2: asked.append((m, nslot, p2)) or ((0, sync, part),))
     other = []
     monkeypatch.setattr(launch, "_fwd", lambda grid, *a, **kw: other.append(grid))
     x = torch.randn(5, 128256, dtype=torch.bfloat16)
@@ -121,6 +122,7 @@ def test_ring_launcher_binds_the_kernel_signature(monkeypatch):
         launch.ce_rows(x, tgt, loss, lse, torch.empty(5, 2 * 128256, dtype=x.dtype)[:, ::2], scale, -100, 0.0, 0.0,
                        None, True)
     assert len(calls) == 1 and len(other) == 4
+    assert asked == [(5, 2, 8)]  # (max, sum) per portion, 8 portions a row
     bound = dict(zip(K._ce_ring_kernel.arg_names, args), **kw)
     assert set(bound) == set(K._ce_ring_kernel.arg_names)
     assert bound["x_desc"].base.data_ptr() == x.data_ptr() and bound["X"] is x and bound["T"] is tgt
@@ -137,70 +139,95 @@ def _ring_gpu(device):
         pytest.skip("the ring kernel needs an sm_90 GPU with Gluon")
 
 
-OPTS = {"plain": {}, "zloss": dict(z_loss=1e-3)}
+# both launches on any sm_90: portions of 32768 (the H100's) and of 16384 (the H200's)
+LAUNCHES = {"p32768": dataclasses.replace(RING, ring_small_gbs_per_sm=0.0),
+            "p16384": dataclasses.replace(RING, ring_small_gbs_per_sm=0.001)}
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("opt", list(OPTS))
-@pytest.mark.parametrize("v,dtype", [(128256, torch.bfloat16), (262144, torch.bfloat16), (65536, torch.float16),
-                                     (33024, torch.bfloat16)], ids=["128256", "262144", "65536-fp16", "33024"])
-def test_ring_matches_reference(v, dtype, opt, device, monkeypatch):
-    """The ring kernel (turned on) against the fp32 reference, plain and with z-loss: per-row loss
-    and the gradient, poisoned first; ignored rows, a target in the ragged last portion, a row
-    with -inf logits; a row's bits are the same in any batch; strided logits take the other
-    kernels, and label smoothing is never offered to the ring."""
-    _ring_gpu(device)
+def _count_ring(monkeypatch) -> list:
     launched = []
     real = launch._ring_rows
     monkeypatch.setattr(launch, "_ring_rows", lambda *a: launched.append(real(*a)) or launched[-1])
+    return launched
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", list(LAUNCHES))
+@pytest.mark.parametrize("z_loss", [0.0, 1e-3], ids=["plain", "zloss"])
+@pytest.mark.parametrize("v,dtype", [(128256, torch.bfloat16), (262144, torch.bfloat16), (65536, torch.float16),
+                                     (33024, torch.bfloat16)], ids=["128256", "262144", "65536-fp16", "33024"])
+def test_ring_matches_reference(v, dtype, z_loss, cfg, device, monkeypatch):
+    """The ring kernel (turned on, each launch) against the fp32 reference: per-row loss, lse and
+    gradient, all poisoned first. Rows: ignored (loss and gradient 0), the target in the last
+    column, a row with -inf logits, an out-of-range target (NaN loss, zero gradient), a row of -inf
+    only (NaN, lse -inf, as the reference). A row's bits are the same in any batch; strided
+    logits take the other kernels and label smoothing is never offered to the ring."""
+    _ring_gpu(device)
+    launched = _count_ring(monkeypatch)
     m = 150
     x = torch.randn(m, v, dtype=dtype, device=device) * 2
     tgt = torch.randint(0, v, (m,), device=device)
     tgt[3] = -100
-    tgt[7] = v - 1  # the last column: in the ragged portion
+    tgt[7] = v - 1  # the last column (in a ragged last portion where v is not a multiple of the portion)
     tgt[8] = 0
-    kw = OPTS[opt]
-    sm, zl = kw.get("label_smoothing", 0.0), kw.get("z_loss", 0.0)
     x[11, ::5] = float("-inf")
     tgt[11] = 1
-    with launch.use(RING):
-        torch.full((m, v), float("nan"), dtype=dtype, device=device)  # freed: dx gets NaN-filled memory
-        loss, dx = launch.ce_fwd(x, tgt, -100, sm, zl, None, "none", True)
-        loss1, dx1 = launch.ce_fwd(x[8:9].clone(), tgt[8:9].clone(), -100, sm, zl, None, "none", True)
+    tgt[12] = v  # out of range
+    x[13] = float("-inf")
+    tgt[13] = 2
+
+    def run(xs, ts):
+        n = xs.shape[0]
+        loss = torch.full((n,), float("nan"), device=device)
+        lse = torch.full((n,), float("nan"), device=device)
+        dx = torch.full((n, v), float("nan"), dtype=dtype, device=device)
+        launch.ce_rows(xs, ts, loss, lse, dx, torch.ones((), device=device), -100, 0.0, z_loss, None, True)
+        return loss, lse, dx
+
+    with launch.use(LAUNCHES[cfg]):
+        loss, lse, dx = run(x, tgt)
+        loss1, lse1, dx1 = run(x[8:9].clone(), tgt[8:9].clone())
         wide = torch.randn(4, 2 * v, dtype=dtype, device=device)[:, :v]
-        lw, dw = launch.ce_fwd(wide, tgt[:4], -100, sm, zl, None, "sum", True)
+        lw, dw = launch.ce_fwd(wide, tgt[:4], -100, 0.0, z_loss, None, "sum", True)
+        ls, _ = launch.ce_fwd(x, tgt, -100, 0.1, z_loss, None, "none", True)  # smoothing: never the ring
     assert launched == [True, True, False], launched  # strided logits: the ring declines
     from kernelset.ops import ring
     assert ring.gluon_kernel(*launch._RING)[0].entries() >= 1  # launched directly (FastKernel), not through Triton
-    want, dwant = R.fwd(x, tgt, -100, sm, zl, None, "none", True)
-    assert loss.isfinite().all() and dx.isfinite().all()
-    assert rel_err(loss, want) <= tolerance("norm", torch.float32) * 10
-    assert rel_err(dx, dwant) <= tolerance("norm", dtype)
+    want, dwant = R.fwd(x, tgt, -100, 0.0, z_loss, None, "none", True)
+    lse_want = R.rows(x, tgt, -100, 0.0, z_loss, None)[1]
+    ok = torch.ones(m, dtype=torch.bool, device=device)
+    ok[[12, 13]] = False
+    assert loss[ok].isfinite().all() and lse.isfinite()[ok].all() and dx[ok].isfinite().all()
+    assert rel_err(loss[ok], want[ok]) <= 1e-5
+    assert rel_err(lse[ok], lse_want[ok]) <= 1e-5
+    assert rel_err(dx[ok], dwant[ok]) <= tolerance("norm", dtype)
     assert loss[3] == 0 and (dx[3] == 0).all()
-    assert torch.equal(loss1[0], loss[8]) and torch.equal(dx1[0], dx[8])
-    w2, dw2 = R.fwd(wide, tgt[:4], -100, sm, zl, None, "sum", True)
+    assert loss[12].isnan() and want[12].isnan() and (dx[12] == 0).all()
+    assert loss[13].isnan() and want[13].isnan() and lse[13] == float("-inf") == lse_want[13]
+    assert torch.equal(loss1[0], loss[8]) and torch.equal(lse1[0], lse[8]) and torch.equal(dx1[0], dx[8])
+    w2, dw2 = R.fwd(wide, tgt[:4], -100, 0.0, z_loss, None, "sum", True)
     assert rel_err(lw, w2) <= 1e-4 and rel_err(dw, dw2) <= tolerance("norm", dtype)
-    with launch.use(RING):
-        ls, ds = launch.ce_fwd(x, tgt, -100, 0.1, zl, None, "none", True)
-    assert len(launched) == 3
-    ws, dws = R.fwd(x, tgt, -100, 0.1, zl, None, "none", True)
+    ws, _ = R.fwd(x, tgt, -100, 0.1, z_loss, None, "none", True)
     fin = ws.isfinite()
     assert torch.equal(ls.isfinite(), fin) and rel_err(ls[fin], ws[fin]) <= 1e-4
 
 
 @pytest.mark.gpu
-def test_ring_through_the_api_and_linear_cross_entropy(device):
+@pytest.mark.parametrize("cfg", list(LAUNCHES))
+def test_ring_through_the_api_and_linear_cross_entropy(cfg, device, monkeypatch):
     """ks.cross_entropy takes the ring kernel (explain says so) with correct gradients under a
     mean over rows with ignored ones; ks.linear_cross_entropy, whose gradient overwrites its
-    logits chunk, stays correct with the ring on."""
+    logits chunk, stays correct through the ring with a ragged last portion (V = 33024)."""
     _ring_gpu(device)
+    launched = _count_ring(monkeypatch)
     x = torch.randn(256, 128256, dtype=torch.bfloat16, device=device, requires_grad=True)
     tgt = torch.randint(0, 128256, (256,), device=device)
     tgt[::7] = -100
-    with launch.use(RING):
+    with launch.use(LAUNCHES[cfg]):
         assert "ring kernel on sm_90" in str(ks.explain("cross_entropy", x, tgt, verbose=False))
         loss = ks.cross_entropy(x, tgt, backend="triton")
         loss.backward()
+    assert launched == [True]
     xr = x.detach().float().requires_grad_()
     lr = torch.nn.functional.cross_entropy(xr, tgt)
     lr.backward()
@@ -208,11 +235,13 @@ def test_ring_through_the_api_and_linear_cross_entropy(device):
     assert rel_err(x.grad, xr.grad) <= tolerance("norm", torch.bfloat16, grad=True)
 
     h = torch.randn(512, 1024, dtype=torch.bfloat16, device=device, requires_grad=True)
-    w = (torch.randn(65536, 1024, device=device) * 0.03).to(torch.bfloat16).requires_grad_()
-    t2 = torch.randint(0, 65536, (512,), device=device)
-    with launch.use(RING):
+    w = (torch.randn(33024, 1024, device=device) * 0.03).to(torch.bfloat16).requires_grad_()
+    t2 = torch.randint(0, 33024, (512,), device=device)
+    t2[5] = 33023  # in the last portion's one valid tile
+    with launch.use(LAUNCHES[cfg]):
         l2 = ks.linear_cross_entropy(h, w, t2)
         l2.backward()
+    assert len(launched) > 1 and all(launched)  # the logits chunks went through the ring
     hr, wr = h.detach().float().requires_grad_(), w.detach().float().requires_grad_()
     lr2 = torch.nn.functional.cross_entropy(hr @ wr.t(), t2)
     lr2.backward()
