@@ -41,3 +41,12 @@ def compile_report(script: str, expected: int) -> list[dict]:
         assert not r["local"], f"{r['case']}: local-memory traffic (spills)"
         assert r["vec"], f"{r['case']}: no vectorized global access"
     return results
+
+
+def assert_ring_policy_fits(ref: tuple[str, str]) -> None:
+    """On the GPU, after launches of the ring kernel ``ref``: each compiled specialization fits the
+    programs per SM its policy assumed (registers, shared memory: ``ops/ring.py`` learns it after
+    the first launch), so a kernel change or a Triton that needs more registers shows here."""
+    from kernelset.ops import ring
+    learned = {k: v for k, v in ring._RESIDENT.items() if k[0] == ref}
+    assert learned and all(v == k[1].programs_per_sm for k, v in learned.items()), learned

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 import torch
-from aot import compile_report
+from aot import assert_ring_policy_fits, compile_report
 
 import kernelset as ks
 from kernelset.core.tolerance import rel_err, tolerance
@@ -193,6 +193,7 @@ def test_ring_matches_reference(v, dtype, z_loss, cfg, device, monkeypatch):
     assert launched == [True, True, False], launched  # strided logits: the ring declines
     from kernelset.ops import ring
     assert ring.gluon_kernel(*launch._RING)[0].entries() >= 1  # launched directly (FastKernel), not through Triton
+    assert_ring_policy_fits(launch._RING)
     want, dwant = R.fwd(x, tgt, -100, 0.0, z_loss, None, "none", True)
     lse_want = R.rows(x, tgt, -100, 0.0, z_loss, None)[1]
     ok = torch.ones(m, dtype=torch.bool, device=device)

@@ -129,6 +129,8 @@ def test_ring_forward_matches_reference(dtype, form, device):
     finally:
         L._ring_fwd = real
     assert launched == [True, True, False], launched
+    from aot import assert_ring_policy_fits
+    assert_ring_policy_fits(L._RING)
     want, want_rstd = rms_norm_ref(x, w, 1e-6, offset, gemma)
     assert not y.isnan().any() and not rstd.isnan().any()
     assert rel_err(y, want) <= tolerance("norm", dtype), rel_err(y, want)
@@ -179,6 +181,43 @@ def test_ring_launch_args(monkeypatch):
     assert ring.launch_args(flat, 10, 65536, 1, rp, 132) is None
     monkeypatch.setattr(ring, "launches", lambda dev, m, nslot, p2: ((1, None, None), (2, None, None)))
     assert ring.launch_args(x, 10, 65536, 1, rp, 132) is None
+
+
+def test_ring_grid_follows_what_the_compiled_kernel_fits(monkeypatch):
+    """Programs per SM from a compiled kernel's registers and shared memory (sm_90: 64K registers
+    allocated per warp in units of 256, 228 KB), never above the policy's; after a launch the
+    grid of that kernel, launch, dtype and specialization keeps every group resident."""
+    pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    from types import SimpleNamespace as NS
+    from kernelset.core.tuning import ring_launch
+    from kernelset.ops import ring
+
+    def compiled(regs, shared):
+        return NS(n_regs=regs, metadata=NS(shared=shared))
+
+    assert ring.resident(compiled(80, 73888), 8, 3) == 3  # the H100 cross-entropy launch, Triton 3.6
+    assert ring.resident(compiled(128, 73888), 8, 3) == 2  # the same under Triton 3.9
+    assert ring.resident(compiled(80, 37008), 4, 6) == 6  # the H200 launch, Triton 3.6
+    assert ring.resident(compiled(144, 37008), 4, 6) == 3  # ... under Triton 3.9
+    assert ring.resident(compiled(81, 37008), 4, 6) == 5  # 81 registers are allocated as 88
+    assert ring.resident(compiled(40, 80000), 4, 6) == 2  # shared memory bounds it
+    assert ring.resident(compiled(40, 1000), 4, 6) == 6  # never above the policy
+    assert ring.resident(None, 4, 6) == 6 and ring.resident(NS(n_regs=None), 4, 6) == 6  # unknown: the policy
+
+    monkeypatch.setattr(ring, "launches", lambda dev, m, nslot, p2: ((0, ("sync", m), ("part", m * nslot * p2)),))
+    monkeypatch.setattr(ring, "_RESIDENT", {})
+    ref = ("some.module", "kernel")
+    fake = NS(last=compiled(144, 37008))
+    monkeypatch.setattr(ring, "gluon_kernel", lambda mod, name: (fake, None))
+    rp = ring_launch(65536, 16384, 8, 9, 4, 6)
+    big = torch.empty(1000, 65536, dtype=torch.bfloat16)
+    assert ring.launch_args(big, 1000, 65536, 1, rp, 132, ref, (True,))[0] == (6 * 132 // 4 * 4,)
+    ring.learn(ref, rp, torch.bfloat16, (True,))
+    assert ring.launch_args(big, 1000, 65536, 1, rp, 132, ref, (True,))[0] == (3 * 132 // 4 * 4,)
+    assert ring.launch_args(big, 1000, 65536, 1, rp, 132, ref, (False,))[0] == (6 * 132 // 4 * 4,)  # another specialization
+    fake.last = compiled(40, 1000)
+    ring.learn(ref, rp, torch.bfloat16, (True,))  # learned once per key
+    assert ring.launch_args(big, 1000, 65536, 1, rp, 132, ref, (True,))[0] == (3 * 132 // 4 * 4,)
 
 
 def test_ring_launcher_binds_the_kernel_signature(monkeypatch):

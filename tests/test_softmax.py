@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 import torch
-from aot import compile_report
+from aot import assert_ring_policy_fits, compile_report
 
 import kernelset as ks
 from kernelset.core.registry import impls
@@ -351,6 +351,7 @@ def test_ring_forward_matches_reference(n, log, dtype, device, monkeypatch):
         wide = torch.randn(4, 2 * n, dtype=dtype, device=device)[:, :n]
         ys = launch.softmax_fwd(wide, 0.7, log, dtype)
     assert launched == [True, True, False], launched
+    assert_ring_policy_fits(launch._RING)
     want = sref.fwd(x, 0.7, log, torch.float32)
     assert y[5].isnan().all()
     keep = torch.ones(m, dtype=torch.bool, device=device)

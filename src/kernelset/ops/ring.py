@@ -46,10 +46,41 @@ def _layout(box_rows: int, dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for([box_rows, 256], gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
 
 
-def launch_args(x: torch.Tensor, m: int, n: int, nslot: int, rp: RingLaunch, sms: int) -> tuple | None:
+# programs per SM that a compiled ring kernel really fits, learned after its first launch, per
+# (kernel, launch, dtype, the caller's specialization flags): the policies' programs_per_sm hold
+# for the Triton the kernels were measured with (3.6); another may compile them to more registers
+# (3.9: the ragged cross-entropy ring 128-144 against 80), and a grid whose groups are not all
+# resident at once runs its last groups after the first (correct, slower)
+_RESIDENT: dict[tuple, int] = {}
+
+
+def resident(kernel, num_warps: int, want: int) -> int:
+    """Programs of a compiled sm_90 kernel that one SM holds at once, at most ``want``: its
+    registers against the 64K-register file (allocated per warp in units of 256), its shared
+    memory against 228 KB (1 KB reserved per block); ``want`` where the kernel does not say."""
+    regs = getattr(kernel, "n_regs", None)
+    shared = getattr(getattr(kernel, "metadata", None), "shared", None)
+    if not isinstance(regs, int) or regs <= 0 or not isinstance(shared, int):
+        return want
+    per_warp = -(-regs * 32 // 256) * 256
+    return max(1, min(want, 65536 // (per_warp * num_warps), 228 * 1024 // (shared + 1024)))
+
+
+def learn(ref: tuple[str, str], rp: RingLaunch, dtype: torch.dtype, spec: tuple = ()) -> None:
+    """After a launch of the ring kernel ``ref``: note how many of its programs an SM fits."""
+    key = (ref, rp, dtype, spec)
+    if key not in _RESIDENT:
+        kernel = gluon_kernel(*ref)[0]
+        _RESIDENT[key] = resident(getattr(kernel, "last", None), rp.num_warps, rp.programs_per_sm)
+
+
+def launch_args(x: torch.Tensor, m: int, n: int, nslot: int, rp: RingLaunch, sms: int,
+                ref: tuple[str, str] | None = None, spec: tuple = ()) -> tuple | None:
     """(grid, TMA descriptor of x, zeroed SYNC, PART) of one ring launch over x [m, n], or None
     where x does not allow it (rows not contiguous, x not 16-byte aligned: the TMA needs both) or
-    the two-launch form was asked for (``rowsync.two_launches``: the ring has none)."""
+    the two-launch form was asked for (``rowsync.two_launches``: the ring has none). The grid
+    keeps every group resident: the policy's programs per SM, or fewer where the compiled kernel
+    ``ref`` (with ``spec``) was found to fit fewer (:func:`learn`)."""
     if not (x.is_contiguous() and x.data_ptr() % 16 == 0):
         return None
     phases = launches(x.device, m, nslot, rp.split_p2)
@@ -59,5 +90,6 @@ def launch_args(x: torch.Tensor, m: int, n: int, nslot: int, rp: RingLaunch, sms
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     desc = TensorDescriptor(x.view(-1, 256), [m * n // 256, 256], [256, 1], [rp.box_rows, 256],
                             _layout(rp.box_rows, x.dtype))
-    groups = max(1, min(m, rp.programs_per_sm * sms // rp.split))  # every group resident at once
+    per_sm = _RESIDENT.get((ref, rp, x.dtype, spec), rp.programs_per_sm)
+    groups = max(1, min(m, per_sm * sms // rp.split))  # every group resident at once
     return (groups * rp.split,), desc, sync, part

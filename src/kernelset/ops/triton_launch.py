@@ -156,6 +156,7 @@ class FastKernel:
         self.positional_only = self.direct and all(self.const[self.first_const:])
         # Gluon kernels name ``num_warps`` as a constexpr parameter: the launch option binds it
         self.nw_param = "num_warps" in self.const_names
+        self.last: Any = None  # the compiled kernel of the latest direct or generic-key launch (ops/ring.py reads it)
         self.cache: dict[tuple, Any] = {}  # generic-key launches
         self.layouts: dict[tuple[type, ...], _Layout] = {}  # fast-key launches, per layout of argument types
 
@@ -193,12 +194,14 @@ class FastKernel:
             entry = lay.cache.get(key)
             if entry is None:
                 kernel = self.fn[grid](*args, **kwargs, **self._opts(num_warps, num_stages, fp_fusion))
+                self.last = kernel
                 if kernel is not None and hasattr(kernel, "packed_metadata") and not hasattr(kernel, "result"):
                     # the constexpr values are part of the key: their launcher arguments are fixed
                     tail = tuple(ck[n] for n in self.names[self.first_const:])
                     lay.cache[key] = (kernel, tail, _raw_launcher(kernel))
                 return
             kernel, tail, raw = entry
+            self.last = kernel
             stream = torch._C._cuda_getCurrentRawStream(device)
             if raw is not None and config.get().direct_launch:
                 launch, coop, pdl = raw

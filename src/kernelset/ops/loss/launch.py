@@ -139,13 +139,16 @@ def ring_choice(v: int, dtype: torch.dtype, device: torch.device, t: CETuning, *
 def _ring_rows(logits, target, loss, lse, dx, scale, ignore_index, z_loss, rp: RingLaunch, sms) -> bool:
     """Launch the ring kernel where the tensors allow it; False where they do not, and nothing ran."""
     m, v = logits.shape
-    la = ring.launch_args(logits, m, v, 2, rp, sms) if dx.is_contiguous() else None
+    ragged = rp.split * rp.chunks * rp.box_rows * 256 != v
+    spec = (ragged, target.dtype)
+    la = ring.launch_args(logits, m, v, 2, rp, sms, _RING, spec) if dx.is_contiguous() else None
     if la is None:
         return False
     grid, desc, sync, part = la
     ring.gluon_kernel(*_RING)[0](grid, desc, logits, target, loss, lse, dx, scale, part, sync, m, v, ignore_index,
-                                 z_loss, RAGGED=rp.split * rp.chunks * rp.box_rows * 256 != v, S=rp.split, S_P2=rp.split_p2,
-                                 NCH=rp.chunks, BOXR=rp.box_rows, NB=rp.buffers, num_warps=rp.num_warps)
+                                 z_loss, RAGGED=ragged, S=rp.split, S_P2=rp.split_p2, NCH=rp.chunks,
+                                 BOXR=rp.box_rows, NB=rp.buffers, num_warps=rp.num_warps)
+    ring.learn(_RING, rp, logits.dtype, spec)
     return True
 
 

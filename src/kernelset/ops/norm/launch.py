@@ -53,7 +53,8 @@ _RING = ("kernelset.ops.norm.ring_sm90", "_rms_ring_fwd_kernel")
 
 def _ring_fwd(x, weight, y, rstd, m, n, eps, offset, gemma_cast, stats, rp: RingLaunch, sms) -> bool:
     """Launch the ring forward where the tensors allow it; False where they do not, and nothing ran."""
-    la = ring.launch_args(x, m, n, 1, rp, sms) if y.is_contiguous() else None
+    spec = (weight is not None, gemma_cast, stats)
+    la = ring.launch_args(x, m, n, 1, rp, sms, _RING, spec) if y.is_contiguous() else None
     if la is None:
         return False
     grid, desc, sync, part = la
@@ -61,6 +62,7 @@ def _ring_fwd(x, weight, y, rstd, m, n, eps, offset, gemma_cast, stats, rp: Ring
                                  HAS_WEIGHT=weight is not None, GEMMA_CAST=gemma_cast, STORE_STATS=stats,
                                  S=rp.split, S_P2=rp.split_p2, NCH=rp.chunks, BOXR=rp.box_rows, NB=rp.buffers,
                                  num_warps=rp.num_warps)
+    ring.learn(_RING, rp, x.dtype, spec)
     return True
 
 

@@ -150,13 +150,15 @@ def ring_choice(n: int, dtype: torch.dtype, device: torch.device, t: SoftmaxTuni
 def _ring_fwd(x: torch.Tensor, y: torch.Tensor, m: int, n: int, temperature: float, log: bool, rp: RingLaunch,
               sms: int) -> bool:
     """Launch the ring forward where the tensors allow it; False where they do not, and nothing ran."""
-    la = ring.launch_args(x, m, n, 2, rp, sms)
+    spec = (log, y.dtype)
+    la = ring.launch_args(x, m, n, 2, rp, sms, _RING, spec)
     if la is None:
         return False
     grid, desc, sync, part = la
     ring.gluon_kernel(*_RING)[0](grid, desc, y, part, sync, m, n, 1.0 / temperature, LOG=log, S=rp.split,
                                  S_P2=rp.split_p2, NCH=rp.chunks, BOXR=rp.box_rows, NB=rp.buffers,
                                  num_warps=rp.num_warps)
+    ring.learn(_RING, rp, x.dtype, spec)
     return True
 
 
