@@ -62,19 +62,25 @@ def _t_bwd(grad_out, dlogits, reduction):
     return ce_bwd(grad_out, dlogits, reduction)
 
 
-def _kernels(p: Problem) -> str:
-    """Which kernel logits of this vocabulary take (what ``ks.explain`` prints for the Triton impl)."""
+def kernels_for(v: int, p: Problem) -> str:
+    """Which cross-entropy kernel logits of vocabulary v take on the problem's device (or the GPU
+    ``ksctl plan`` names): shared by cross_entropy's and linear_cross_entropy's details."""
     from . import launch as L
-    v, t = p.shape[-1], L.active()
+    t = L.active()
     other = (f"split kernel ({-(-v // t.split_chunk)} programs of {t.split_chunk} logits per row)"
              if t.split_chunk and v > t.split_chunk else "looped kernel (one program per row, logits read twice)")
     rp = L.ring_choice(v, p.dtype, p.device, t, arch=p.arch, gbs_per_sm=p.attrs.get("target_gbs_per_sm"))
     if rp is None:
-        return f"kernels: {other}"
+        return f"the {other}"
     portion = rp.chunks * rp.box_rows * 256
-    return (f"kernels: with a gradient, no softcap and no label smoothing, the ring kernel on sm_90 (Gluon: {rp.split} programs of "
-            f"{portion} logits per row, logits in a TMA ring in shared memory; contiguous 16-byte aligned logits, "
-            f"else the {other}); otherwise the {other}")
+    return (f"with a gradient, no softcap and no label smoothing, the ring kernel on sm_90 (Gluon: {rp.split} "
+            f"programs of {portion} logits per row, logits in a TMA ring in shared memory; contiguous 16-byte "
+            f"aligned logits, else the {other}); otherwise the {other}")
+
+
+def _kernels(p: Problem) -> str:
+    """Which kernel logits of this vocabulary take (what ``ks.explain`` prints for the Triton impl)."""
+    return "kernels: " + kernels_for(p.shape[-1], p)
 
 
 register_impl(Impl(op="cross_entropy", backend=Backend.TRITON, forward=_t_fwd, backward=_t_bwd,

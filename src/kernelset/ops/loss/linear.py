@@ -183,8 +183,19 @@ def _triton_supports(p: Problem) -> str | None:
     return triton_device(p, "hidden")
 
 
+def _kernels(p: Problem) -> str:
+    """The chunking and the cross-entropy kernel a problem takes (what ``ks.explain`` and
+    ``ksctl plan`` print for the Triton impl)."""
+    from .backends import kernels_for
+    t, _, v = p.shape
+    s = torch.empty((), dtype=p.dtype).element_size()
+    r = chunk_rows(t, v, s)
+    return (f"chunks of {r} tokens ({r * v * s / 2**20:.0f} MiB of logits, overwritten by their gradient), "
+            f"cuBLAS products; cross-entropy: {kernels_for(v, p)}")
+
+
 register_impl(Impl(op=OP, backend=Backend.TRITON, forward=_t_fwd, backward=_t_bwd, supports=_triton_supports,
-                   priority=100, arch=ArchRange(min=(7, 0)), requires=("triton",),
+                   detail=_kernels, priority=100, arch=ArchRange(min=(7, 0)), requires=("triton",),
                    note="token chunks: cuBLAS products + the fused cross-entropy kernel writing dlogits in place"))
 register_impl(Impl(op=OP, backend=Backend.REFERENCE, forward=ref.fwd, backward=ref.bwd, supports=lambda p: None,
                    priority=0, note="fp32 logits in blocks of rows, plain torch ops; any device"))
