@@ -190,7 +190,9 @@ def _kernels(p: Problem) -> str:
     t, _, v = p.shape
     s = torch.empty((), dtype=p.dtype).element_size()
     r = chunk_rows(t, v, s)
-    return (f"chunks of {r} tokens ({r * v * s / 2**20:.0f} MiB of logits, overwritten by their gradient), "
+    b = r * v * s
+    size = f"{b / 2**20:.0f} MiB" if b >= 2**20 else f"{b / 2**10:.0f} KiB"
+    return (f"chunks of {r} tokens ({size} of logits, overwritten by their gradient), "
             f"cuBLAS products; cross-entropy: {kernels_for(v, p)}")
 
 
