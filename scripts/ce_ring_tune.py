@@ -11,7 +11,8 @@ base = dataclasses.replace(launch.active(), ring_min_gbs_per_sm=0.001, ring_smal
 # (portion, box rows, buffers, warps, programs per SM); the H100's launch first, the H200's third
 # (each fits an SM: shared memory <= 228 KB, 80 registers x threads <= 64K)
 configs = ((32768, 16, 9, 8, 3), (16384, 16, 9, 8, 3), (16384, 8, 9, 4, 6), (32768, 8, 16, 8, 3),
-           (32768, 16, 8, 8, 3), (16384, 8, 10, 4, 5))
+           (32768, 16, 8, 8, 3), (16384, 8, 10, 4, 5),
+           (32768, 16, 9, 8, 3, "row masks"), (16384, 8, 9, 4, 6, "row masks"))  # 6, 7: ring_row_masks
 import sys
 if len(sys.argv) > 1:  # indices of the configs to run (and only the first two shapes)
     configs = tuple(configs[int(i)] for i in sys.argv[1].split(","))
@@ -24,18 +25,18 @@ for m, v in ((8192, 128256), (4096, 262144), (16384, 65536))[:2 if len(sys.argv)
     with launch.use(off):
         ms = cuda_time_ms(lambda: launch.ce_fwd(x, t, -100, 0.0, 0.0, None, "mean", True))
     print(f"{m}x{v} looped {nb / ms / 1e6 / copy * 100:5.1f}%", flush=True)
-    for portion, boxr, nbuf, warps, per_sm in configs:
+    for portion, boxr, nbuf, warps, per_sm, *rm in configs:
         tune = dataclasses.replace(base, ring_portion=portion, ring_box_rows=boxr, ring_buffers=nbuf,
-                                   ring_warps=warps, ring_programs_per_sm=per_sm)
+                                   ring_warps=warps, ring_programs_per_sm=per_sm, ring_row_masks=bool(rm))
         with launch.use(tune):
             if launch.ring_choice(v, x.dtype, dev, tune) is None:
-                print(f"  {portion}/{boxr}x256/{nbuf}buf/{warps}w/{per_sm}: not a valid ring launch", flush=True)
+                print(f"  {portion}/{boxr}x256/{nbuf}buf/{warps}w/{per_sm}{rm}: not a valid ring launch", flush=True)
                 continue
             _, dx = launch.ce_fwd(x, t, -100, 0.0, 0.0, None, "mean", True)
             err = ((dx[:256].float() * m - wd).norm() / wd.norm()).item()
             ms = cuda_time_ms(lambda: launch.ce_fwd(x, t, -100, 0.0, 0.0, None, "mean", True))
             del dx
-        print(f"  {portion}/{boxr}x256/{nbuf}buf/{warps}w/{per_sm}: {ms:.3f} ms {nb / ms / 1e6 / copy * 100:5.1f}% "
+        print(f"  {portion}/{boxr}x256/{nbuf}buf/{warps}w/{per_sm}{rm}: {ms:.3f} ms {nb / ms / 1e6 / copy * 100:5.1f}% "
               f"dx err {err:.1e}", flush=True)
     del x; torch.cuda.empty_cache()
 from kernelset.ops import ring

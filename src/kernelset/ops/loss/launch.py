@@ -72,6 +72,9 @@ class CETuning:
     # device time left): it keeps the launch above, measured there (91.9% at 8192x128256).
     ring_small_gbs_per_sm: float = 30.0
     ring_small: tuple[int, int, int, int, int] = (16384, 8, 9, 4, 6)  # portion, box rows, buffers, warps, per SM
+    # a ragged last portion masked per chunk row (row reductions) instead of per element: fits
+    # the launches' registers under Triton 3.9 too (72-79 against 128-144, ptxas), not yet timed
+    ring_row_masks: bool = False
 
 
 _tuning = TuningStack(CETuning())
@@ -140,13 +143,14 @@ def _ring_rows(logits, target, loss, lse, dx, scale, ignore_index, z_loss, rp: R
     """Launch the ring kernel where the tensors allow it; False where they do not, and nothing ran."""
     m, v = logits.shape
     ragged = rp.split * rp.chunks * rp.box_rows * 256 != v
-    spec = (ragged, target.dtype)
+    row_masks = ragged and active().ring_row_masks
+    spec = (ragged, row_masks, target.dtype)
     la = ring.launch_args(logits, m, v, 2, rp, sms, _RING, spec) if dx.is_contiguous() else None
     if la is None:
         return False
     grid, desc, sync, part = la
     ring.gluon_kernel(*_RING)[0](grid, desc, logits, target, loss, lse, dx, scale, part, sync, m, v, ignore_index,
-                                 z_loss, RAGGED=ragged, S=rp.split, S_P2=rp.split_p2, NCH=rp.chunks,
+                                 z_loss, RAGGED=ragged, ROW_MASKS=row_masks, S=rp.split, S_P2=rp.split_p2, NCH=rp.chunks,
                                  BOXR=rp.box_rows, NB=rp.buffers, num_warps=rp.num_warps)
     ring.learn(_RING, rp, logits.dtype, spec)
     return True
