@@ -204,6 +204,13 @@ def test_ring_grid_follows_what_the_compiled_kernel_fits(monkeypatch):
     assert ring.resident(compiled(40, 1000), 4, 6) == 6  # never above the policy
     assert ring.resident(None, 4, 6) == 6 and ring.resident(NS(n_regs=None), 4, 6) == 6  # unknown: the policy
 
+    class Lazy:  # a compiled kernel whose attributes fail to load
+        @property
+        def n_regs(self):
+            raise RuntimeError("no driver")
+
+    assert ring.resident(Lazy(), 4, 6) == 6
+
     monkeypatch.setattr(ring, "launches", lambda dev, m, nslot, p2: ((0, ("sync", m), ("part", m * nslot * p2)),))
     monkeypatch.setattr(ring, "_RESIDENT", {})
     ref = ("some.module", "kernel")

@@ -58,8 +58,11 @@ def resident(kernel, num_warps: int, want: int) -> int:
     """Programs of a compiled sm_90 kernel that one SM holds at once, at most ``want``: its
     registers against the 64K-register file (allocated per warp in units of 256), its shared
     memory against 228 KB (1 KB reserved per block); ``want`` where the kernel does not say."""
-    regs = getattr(kernel, "n_regs", None)
-    shared = getattr(getattr(kernel, "metadata", None), "shared", None)
+    try:  # (a Triton whose compiled kernels say neither: the policy's figure)
+        regs = getattr(kernel, "n_regs", None)
+        shared = getattr(getattr(kernel, "metadata", None), "shared", None)
+    except Exception:  # noqa: BLE001 - an attribute that fails to load is as good as absent
+        return want
     if not isinstance(regs, int) or regs <= 0 or not isinstance(shared, int):
         return want
     per_warp = -(-regs * 32 // 256) * 256
