@@ -46,6 +46,12 @@ def _layout(box_rows: int, dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for([box_rows, 256], gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
 
 
+@functools.lru_cache(maxsize=None)
+def _descriptor_type():
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    return TensorDescriptor
+
+
 # programs per SM that a compiled ring kernel really fits, learned after its first launch, per
 # (kernel, launch, dtype, the caller's specialization flags): the policies' programs_per_sm hold
 # for the Triton the kernels were measured with (3.6); another may compile them to more registers
@@ -90,8 +96,7 @@ def launch_args(x: torch.Tensor, m: int, n: int, nslot: int, rp: RingLaunch, sms
     if len(phases) != 1:
         return None
     _, sync, part = phases[0]
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    desc = TensorDescriptor(x.view(-1, 256), [m * n // 256, 256], [256, 1], [rp.box_rows, 256],
+    desc = _descriptor_type()(x.view(-1, 256), [m * n // 256, 256], [256, 1], [rp.box_rows, 256],
                             _layout(rp.box_rows, x.dtype))
     per_sm = _RESIDENT.get((ref, rp, x.dtype, spec), rp.programs_per_sm)
     groups = max(1, min(m, per_sm * sms // rp.split))  # every group resident at once

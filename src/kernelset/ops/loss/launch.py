@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -109,6 +110,7 @@ def ce_split_policy(v: int, sms: int, need_grad: bool, t: CETuning) -> SplitLaun
     return SplitLaunch(t.split_chunk, split, 1 << max(0, (split - 1).bit_length()), t.split_warps)
 
 
+@functools.lru_cache(maxsize=4096)
 def ring_policy(v: int, itemsize: int, gbs_per_sm: float, t: CETuning) -> RingLaunch | None:
     """The ring kernel's launch for vocabularies of v (``ring_sm90.py``), or None where the
     looped or split kernel runs (the caller checks the gradient, softcap and tensors)."""

@@ -5,8 +5,6 @@ every tensor's rows share one stride with a unit-stride last dim.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from ...core.alloc import empty, empty_like
