@@ -35,6 +35,23 @@ def fast_kernel():
                     num_warps=p.num_warps)
 
 
+SITE = (p.block_n, p.num_warps, True, False, False, 4096 % p.block_n == 0, False)  # as norm_fwd names it
+
+
+def bound():
+    assert L._fwd_two_pass.at(SITE, (p.grid,), x, w, y, None, 4096, 4096, 4096, 1e-6, 0.0)
+
+
+def public_without_sites():
+    """The public call as before bound launches: the site lookup misses, the full FastKernel call runs."""
+    sites = dict(L._fwd_two_pass.sites)
+    L._fwd_two_pass.sites.clear()
+    try:
+        ks.rms_norm(x, w)
+    finally:
+        L._fwd_two_pass.sites.update(sites)
+
+
 def c_launcher():
     kernel, tail, rl = raw
     launch, coop, pdl = rl
@@ -45,10 +62,12 @@ def c_launcher():
 
 CASES = {
     "ks.rms_norm (public, eager, no grad)": lambda: ks.rms_norm(x, w),
+    "ks.rms_norm, torch_order=True (HF kernelize)": lambda: ks.rms_norm(x, w, torch_order=True),
     "impl.forward (dispatcher's choice)": lambda: impl.forward(x, w, 1e-6, 0.0, False, False, False),
     "norm_fwd (launcher, allocates y)": lambda: L.norm_fwd(x, w, None, eps=1e-6, is_rms=True, gemma_cast=False,
                                                            stats=False),
-    "FastKernel call (y given)": fast_kernel,
+    "FastKernel full call (y given)": fast_kernel,
+    "FastKernel.at, bound site (y given)": bound,
     "Triton C launcher alone": c_launcher,
     "F.rms_norm": lambda: F.rms_norm(x, (4096,), w, 1e-6),
     "torch.empty_like": lambda: torch.empty_like(x),
@@ -67,6 +86,13 @@ def main() -> None:
     raw = entry if entry[2] is not None else None
     if raw is None:
         CASES.pop("Triton C launcher alone")
+    ks.rms_norm(x, w)  # binds the site norm_fwd uses
+    if SITE not in L._fwd_two_pass.sites:
+        print("no bound site (this Triton has no per-signature C launcher):", list(L._fwd_two_pass.sites))
+        CASES.pop("FastKernel.at, bound site (y given)")
+    else:
+        # the same public call with the site dropped first each time (the old path plus a dict copy)
+        CASES["ks.rms_norm with its site dropped each call"] = public_without_sites
     # correctness of the bare launches against the public call
     fast_kernel()
     ref = ks.rms_norm(x, w)
@@ -76,6 +102,11 @@ def main() -> None:
         c_launcher()
         torch.cuda.synchronize()
         assert torch.equal(y, ref), "C launcher differs from ks.rms_norm"
+    if "FastKernel.at, bound site (y given)" in CASES:
+        y.fill_(float("nan"))
+        bound()
+        torch.cuda.synchronize()
+        assert torch.equal(y, ref), "bound launch differs from ks.rms_norm"
     times: dict[str, list[float]] = {k: [] for k in CASES}
     n = 2000
     for _ in range(rounds):

@@ -135,3 +135,91 @@ def test_gluon_ring_kernels_take_the_direct_path():
     for fn in (CE._ce_ring_kernel, NORM._rms_ring_fwd_kernel, SM._softmax_ring_fwd_kernel):
         fk = FastKernel(fn)
         assert fk.direct and fk.positional_only and fk.nw_param, fn
+
+
+def test_bound_launch_checks_what_triton_specializes_on(monkeypatch):
+    """FastKernel.at's generated launcher (``_make_bound``): launches the bound kernel with tensor
+    addresses and the constexpr tail, and launches nothing (returns False) where a later call
+    differs in a tensor's dtype or 16-byte alignment, an int's class (== 1, divisible by 16, width),
+    a None slot, a float slot's type or the device, or where a launch hook is installed."""
+    from kernelset.ops import triton_launch as TL
+
+    if TL._knobs is None:
+        pytest.skip("this Triton has no knobs module (no direct launches at all)")
+    monkeypatch.setattr(TL, "_raw_stream", lambda dev: 1000 + dev)
+    launched = []
+
+    class Kernel:
+        function, packed_metadata = "fn", "meta"
+
+    def launch(*a):
+        launched.append(a)
+
+    base = torch.randn(64)
+    other = torch.randn(64, dtype=torch.float64)
+    args = (base, None, 32, 7, 0.5)
+    bound = TL._make_bound(args, Kernel(), (64, True), (launch, False, False), base.get_device())
+    assert bound((3, 2), args)
+    (call,) = launched
+    assert call[:3] == (3, 2, 1) and call[3] == 1000 + base.get_device() and call[4] == "fn"
+    assert call[9] == "meta" and call[13:] == (base.data_ptr(), None, 32, 7, 0.5, 64, True)
+    assert bound((1,), (base[:32], None, 48, 9, 2.0))  # same classes: 32 and 48 divisible by 16, 7 and 9 not
+    misses = [
+        (base[1:], None, 32, 7, 0.5),  # misaligned address
+        (other, None, 32, 7, 0.5),  # dtype
+        (base, base, 32, 7, 0.5),  # a None slot given a tensor
+        (base, None, 1, 7, 0.5),  # == 1
+        (base, None, 33, 7, 0.5),  # no longer divisible by 16
+        (base, None, 32, 2**40, 0.5),  # 64-bit
+        (base, None, 32, 7, 1),  # an int where a float was
+    ]
+    for m in misses:
+        n = len(launched)
+        assert not bound((1,), m), m
+        assert len(launched) == n
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 5)
+    assert not bound((1,), args)  # another device
+    monkeypatch.undo()
+    monkeypatch.setattr(TL, "_raw_stream", lambda dev: 1000 + dev)
+
+    class Hooks:
+        calls = [print]
+
+    monkeypatch.setattr(TL._knobs.runtime, "launch_enter_hook", Hooks())
+    assert not bound((1,), args)
+
+
+def test_sites_are_dropped_when_the_configuration_changes():
+    import kernelset as ks
+    from kernelset.ops import triton_launch as TL
+
+    fk = FastKernel(_scaled_copy)
+    fk.sites["s"] = lambda grid, args: True
+    assert fk.at("s", (1,))
+    with ks.config.override(direct_launch=False):
+        assert not fk.at("s", (1,))
+    assert fk in TL._ALL
+
+
+@pytest.mark.gpu
+def test_bound_launches_follow_each_specialization():
+    """A site bound by a full call launches through ``at``; a call that differs in what Triton
+    specializes on is refused and the full call rebinds; results always match the full call's."""
+    k = FastKernel(_scaled_copy)
+    dev = torch.device("cuda")
+    base = torch.randn(256, device=dev, dtype=torch.float32)
+    cases = [(base, 64, 1, 2.0), (base[1:], 64, 1, 2.0), (base, 1, 1, 3.0), (base, 17, 2, 0.5), (base[4:], 48, 1, -1.0)]
+    site = ("BLOCK 64", False)
+    hits = 0
+    for _ in range(3):
+        for x, n, stride, alpha in cases:
+            y = torch.full((64,), float("nan"), device=dev)
+            if k.at(site, (1,), x, y, n, stride, alpha):
+                hits += 1
+            else:
+                k((1,), x, y, n, stride, alpha, site=site, BLOCK=64, NEG=False, num_warps=1)
+            torch.testing.assert_close(y[:n], x[: n * stride : stride] * alpha)
+            assert torch.isnan(y[n:]).all()
+    raws = [e[2] for lay in k.layouts.values() for e in lay.cache.values()]
+    if all(r is not None for r in raws):  # a Triton with a per-signature C launcher (3.6): sites bind
+        assert hits > 0

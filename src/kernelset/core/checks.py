@@ -44,12 +44,16 @@ def shape(op: str, name: str, t: torch.Tensor, expected: tuple[int, ...], what: 
 # Comparisons rather than math.isfinite: under torch.compile(dynamic=True) floats are symbolic
 # and comparisons become guards; both are false for NaN.
 def positive(op: str, name: str, value: object) -> float:
+    if type(value) is float and 0.0 < value < math.inf:  # the common case, first
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise ArgumentError(op, name, "a finite number > 0", repr(value))
     return float(value)
 
 
 def finite(op: str, name: str, value: object) -> float:
+    if type(value) is float and -math.inf < value < math.inf:
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not -math.inf < value < math.inf:
         raise ArgumentError(op, name, "a finite number", repr(value))
     return float(value)

@@ -20,10 +20,19 @@ Gluon kernels (``triton.experimental.gluon``) take the same path; a host TMA des
 (``TensorDescriptor``) is keyed on what Triton could specialize on and passed to
 ``CompiledKernel.run``, whose launcher encodes it. ``KS_DIRECT_LAUNCH=0`` turns the direct call off. Installed launch hooks (profilers), the
 interpreter and a Triton without the expected attributes all take the ordinary path.
+
+Bound launches (``site=`` and :meth:`FastKernel.at`), for the decode-size hot paths: even the
+direct path spends a few microseconds building the call's keyword arguments, its key and hashing
+it. A caller that can name a *site* (a small tuple that fixes every constexpr value, num_warps,
+num_stages, fp_fusion and the device) passes ``site=`` once; after that ``fk.at(site, grid,
+*args)`` launches with the kernel compiled for the site through a function generated for it,
+which only checks what Triton specializes on and the site does not fix (each tensor's dtype and
+16-byte alignment, each int's divisibility class, None slots, the device, launch hooks) and
+returns False, launching nothing, where any of them differs: the caller then makes the full call.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Hashable
 
 import torch
 
@@ -141,6 +150,75 @@ def _raw_launcher(kernel: Any) -> tuple | None:
         return None
 
 
+_raw_stream = torch._C._cuda_getCurrentRawStream if hasattr(torch._C, "_cuda_getCurrentRawStream") else None
+
+
+def _int_class(v: int) -> int:
+    """What Triton specializes an int argument on, as one code (the key functions inline it)."""
+    return (v == 1) + 2 * (v & 15 == 0) + 4 * (-2147483648 <= v < 2147483648)
+
+
+def _make_bound(args: tuple, kernel: Any, tail: tuple, raw: tuple, device: int) -> Callable[[tuple, tuple], bool] | None:
+    """A launcher for later calls like ``args``: ``bound(grid, args) -> bool``. It launches
+    ``kernel`` (compiled for ``args`` and the site's constexprs, ``tail``) through the raw C
+    launcher and returns True, or returns False and launches nothing where an argument differs in
+    anything Triton specializes on. None where an argument cannot be bound (a TMA descriptor)."""
+    launch, coop, pdl = raw
+    n = len(args)
+    scope: dict[str, Any] = {"LAUNCH": launch, "FUNC": kernel.function, "META": kernel.packed_metadata,
+                             "COOP": coop, "PDL": pdl, "TAIL": tuple(tail), "DEV": device, "RT": _knobs.runtime,
+                             "NOHOOK": _no_hook, "STREAM": _raw_stream}
+    pre, bad, out = [], [], []
+    first = None
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            scope[f"D{i}"] = a.dtype
+            pre.append(f"p{i} = a{i}.data_ptr()")
+            bad += [f"a{i}.dtype is not D{i}", f"(p{i} & 15 == 0) is not {a.data_ptr() & 15 == 0}"]
+            out.append(f"p{i}")
+            first = i if first is None else first
+        elif a is None:
+            bad.append(f"a{i} is not None")
+            out.append("None")
+        elif type(a) is int:
+            bad.append(f"type(a{i}) is not int or ((a{i} == 1) + 2 * (a{i} & 15 == 0) + "
+                       f"4 * (-2147483648 <= a{i} < 2147483648)) != {_int_class(a)}")
+            out.append(f"a{i}")
+        elif type(a) is float:
+            bad.append(f"type(a{i}) is not float")
+            out.append(f"a{i}")
+        elif type(a) is bool:
+            bad.append(f"a{i} is not {a}")
+            out.append(f"a{i}")
+        else:  # a TMA descriptor, numpy scalars ...: the full call keys them
+            return None
+    if first is None:
+        return None
+    bad.append(f"a{first}.get_device() != DEV")
+    bad.append("not (NOHOOK(RT.launch_enter_hook) and NOHOOK(RT.launch_exit_hook))")
+    names = ", ".join(f"a{i}" for i in range(n)) + ("," if n == 1 else "")
+    src = ("def bound(grid, args):\n"
+           f"    {names} = args\n"
+           + "".join(f"    {p}\n" for p in pre)
+           + f"    if {' or '.join(bad)}:\n        return False\n"
+           + "    g1 = grid[1] if len(grid) > 1 else 1\n    g2 = grid[2] if len(grid) > 2 else 1\n"
+           + "    LAUNCH(grid[0], g1, g2, STREAM(DEV), FUNC, COOP, PDL, None, None, META, None, None, None, "
+           + f"{', '.join(out)}, *TAIL)\n    return True\n")
+    exec(compile(src, f"<FastKernel bound launch of {n} args>", "exec"), scope)  # noqa: S102 (from types only)
+    return scope["bound"]
+
+
+_ALL: list["FastKernel"] = []  # every FastKernel, so a configuration change drops their bound launches
+
+
+def _drop_bound() -> None:
+    for fk in _ALL:
+        fk.sites.clear()
+
+
+config.on_change(_drop_bound)
+
+
 class FastKernel:
     def __init__(self, fn: Any):
         self.fn = fn
@@ -159,16 +237,28 @@ class FastKernel:
         self.last: Any = None  # the compiled kernel of the latest direct or generic-key launch (ops/ring.py reads it)
         self.cache: dict[tuple, Any] = {}  # generic-key launches
         self.layouts: dict[tuple[type, ...], _Layout] = {}  # fast-key launches, per layout of argument types
+        self.sites: dict[Hashable, Callable[[tuple, tuple], bool]] = {}  # bound launches (see ``at``)
+        self.bound: dict[tuple, Callable[[tuple, tuple], bool] | None] = {}  # per fast key, generated once
+        _ALL.append(self)
 
     def entries(self) -> int:
         """How many specializations are cached for direct launch."""
         return len(self.cache) + sum(len(lay.cache) for lay in self.layouts.values())
 
+    def at(self, site: Hashable, grid: tuple[int, ...], *args: Any) -> bool:
+        """Launch through the launcher bound to ``site`` by an earlier ``fk(grid, *args,
+        site=site, ...)``: True when it ran; False, with nothing launched, when none is bound or an
+        argument differs from the bound specialization (then make the full call, with ``site=``).
+        The site must fix every constexpr value, num_warps, num_stages, fp_fusion and the device,
+        and the same argument types at each position."""
+        b = self.sites.get(site)
+        return b is not None and b(grid, args)
+
     def __call__(self, grid: tuple[int, ...], *args: Any, num_warps: int, num_stages: int | None = None,
-                 fp_fusion: bool = True, **kwargs: Any) -> None:
+                 fp_fusion: bool = True, site: Hashable | None = None, **kwargs: Any) -> None:
         """``fp_fusion=False`` stops the compiler contracting a multiply and an add into one FMA,
         which also drops a rounding the kernel wrote between them (bit-exact emulation of a chain
-        of bf16 torch ops needs every one of them)."""
+        of bf16 torch ops needs every one of them). ``site``: bind this launch for :meth:`at`."""
         # the device comes from the first argument: a tensor, or a host TMA descriptor's base
         # (the ring kernels take the descriptor first)
         first = args[0] if args else None
@@ -198,10 +288,14 @@ class FastKernel:
                 if kernel is not None and hasattr(kernel, "packed_metadata") and not hasattr(kernel, "result"):
                     # the constexpr values are part of the key: their launcher arguments are fixed
                     tail = tuple(ck[n] for n in self.names[self.first_const:])
-                    lay.cache[key] = (kernel, tail, _raw_launcher(kernel))
+                    lay.cache[key] = entry = (kernel, tail, _raw_launcher(kernel))
+                    if site is not None:
+                        self._bind(site, key, args, entry, device)
                 return
             kernel, tail, raw = entry
             self.last = kernel
+            if site is not None:
+                self._bind(site, key, args, entry, device)
             stream = torch._C._cuda_getCurrentRawStream(device)
             if raw is not None and config.get().direct_launch:
                 launch, coop, pdl = raw
@@ -226,6 +320,21 @@ class FastKernel:
             return
         # a parameter left to its default: Triton binds it
         self.fn[grid](*args, **kwargs, **self._opts(num_warps, num_stages, fp_fusion))
+
+    def _bind(self, site: Hashable, key: tuple, args: tuple, entry: tuple, device: int) -> None:
+        """Bind ``site`` to the launcher of this specialization (generated once per key: a site
+        whose calls alternate between two specializations rebinds with a dict lookup)."""
+        kernel, tail, raw = entry
+        if raw is None or _raw_stream is None or not config.get().direct_launch:
+            return
+        bound = self.bound.get(key)
+        if bound is None:
+            bound = self.bound[key] = _make_bound(args, kernel, tail, raw, device)
+        if bound is None:
+            return
+        if len(self.sites) >= 256:  # a caller whose sites never repeat must not grow this without bound
+            self.sites.clear()
+        self.sites[site] = bound
 
     @staticmethod
     def _opts(num_warps: int, num_stages: int | None, fp_fusion: bool) -> dict[str, Any]:

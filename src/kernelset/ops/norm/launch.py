@@ -114,14 +114,21 @@ def norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
                     HAS_BIAS=bias is not None, GEMMA_CAST=gemma_cast, STORE_STATS=stats, BLOCK_N=p.block_n,
                     num_warps=p.num_warps)
     elif p.two_pass:
-        _fwd_two_pass((p.grid,), x, weight, y, rstd, n, sx, sy, eps, offset, HAS_WEIGHT=weight is not None,
-                      GEMMA_CAST=gemma_cast, STORE_STATS=stats, CHUNK=p.block_n, EVEN=n % p.block_n == 0,
-                      HAS_OFFSET=offset != 0.0, num_warps=p.num_warps)
+        # the site fixes every constexpr and num_warps (FastKernel.at checks the rest)
+        hw, even, ho = weight is not None, n % p.block_n == 0, offset != 0.0
+        site = (p.block_n, p.num_warps, hw, gemma_cast, stats, even, ho)
+        if not _fwd_two_pass.at(site, (p.grid,), x, weight, y, rstd, n, sx, sy, eps, offset):
+            _fwd_two_pass((p.grid,), x, weight, y, rstd, n, sx, sy, eps, offset, site=site, HAS_WEIGHT=hw,
+                          GEMMA_CAST=gemma_cast, STORE_STATS=stats, CHUNK=p.block_n, EVEN=even, HAS_OFFSET=ho,
+                          num_warps=p.num_warps)
     else:
-        _fwd((p.grid,), x, residual, weight, bias, y, h, mean, rstd, m, n, sx, sr, sy, sh, eps, offset,
-             IS_RMS=is_rms, HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
-             HAS_BIAS=bias is not None, GEMMA_CAST=gemma_cast, STORE_STATS=stats, ROWS=p.rows, BLOCK_N=p.block_n,
-             EVEN=n == p.block_n, HAS_OFFSET=offset != 0.0, num_warps=p.num_warps)
+        hr, hw, hb, even, ho = residual is not None, weight is not None, bias is not None, n == p.block_n, offset != 0.0
+        site = (p.rows, p.block_n, p.num_warps, is_rms, hr, hw, hb, gemma_cast, stats, even, ho)
+        if not _fwd.at(site, (p.grid,), x, residual, weight, bias, y, h, mean, rstd, m, n, sx, sr, sy, sh, eps,
+                       offset):
+            _fwd((p.grid,), x, residual, weight, bias, y, h, mean, rstd, m, n, sx, sr, sy, sh, eps, offset, site=site,
+                 IS_RMS=is_rms, HAS_RESIDUAL=hr, HAS_WEIGHT=hw, HAS_BIAS=hb, GEMMA_CAST=gemma_cast, STORE_STATS=stats,
+                 ROWS=p.rows, BLOCK_N=p.block_n, EVEN=even, HAS_OFFSET=ho, num_warps=p.num_warps)
     return y, h, mean, rstd
 
 
@@ -138,9 +145,12 @@ def rms_fwd_torch_order(x: torch.Tensor, weight: torch.Tensor | None, *, eps: fl
     if m == 0:
         return y, rstd
     lanes = torch_cuda_mean_lanes(m, n)
-    _fwd_torch_order((m,), x, weight, y, rstd, n, row_stride(x), n, eps, torch_cuda_mean_factor(m, n), offset,
-                     HAS_WEIGHT=weight is not None, GEMMA_CAST=gemma_cast, STORE_STATS=stats, LANES=lanes,
-                     num_warps=max(1, min(8, lanes // 64)), fp_fusion=False)
+    hw, nw = weight is not None, max(1, min(8, lanes // 64))
+    site = (lanes, nw, hw, gemma_cast, stats)
+    args = (x, weight, y, rstd, n, row_stride(x), n, eps, torch_cuda_mean_factor(m, n), offset)
+    if not _fwd_torch_order.at(site, (m,), *args):
+        _fwd_torch_order((m,), *args, site=site, HAS_WEIGHT=hw, GEMMA_CAST=gemma_cast, STORE_STATS=stats,
+                         LANES=lanes, num_warps=nw, fp_fusion=False)
     return y, rstd
 
 
