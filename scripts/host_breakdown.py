@@ -42,14 +42,24 @@ def bound():
     assert L._fwd_two_pass.at(SITE, (p.grid,), x, w, y, None, 4096, 4096, 4096, 1e-6, 0.0)
 
 
-def public_without_sites():
-    """The public call as before bound launches: the site lookup misses, the full FastKernel call runs."""
-    sites = dict(L._fwd_two_pass.sites)
-    L._fwd_two_pass.sites.clear()
-    try:
-        ks.rms_norm(x, w)
-    finally:
-        L._fwd_two_pass.sites.update(sites)
+q = torch.randn(1, 32, 1, 128, dtype=torch.bfloat16, device=dev)
+k = torch.randn(1, 8, 1, 128, dtype=torch.bfloat16, device=dev)
+cos = torch.randn(1, 1, 128, dtype=torch.bfloat16, device=dev)
+sin = torch.randn(1, 1, 128, dtype=torch.bfloat16, device=dev)
+gate = torch.randn(1, 14336, dtype=torch.bfloat16, device=dev)
+up = torch.randn(1, 14336, dtype=torch.bfloat16, device=dev)
+
+
+def dropping(fk, f):
+    """f with fk's bound sites dropped first (the path before bound launches, plus a dict copy)."""
+    def run():
+        sites = dict(fk.sites)
+        fk.sites.clear()
+        try:
+            f()
+        finally:
+            fk.sites.update(sites)
+    return run
 
 
 def c_launcher():
@@ -91,8 +101,17 @@ def main() -> None:
         print("no bound site (this Triton has no per-signature C launcher):", list(L._fwd_two_pass.sites))
         CASES.pop("FastKernel.at, bound site (y given)")
     else:
-        # the same public call with the site dropped first each time (the old path plus a dict copy)
-        CASES["ks.rms_norm with its site dropped each call"] = public_without_sites
+        # the same public calls with their sites dropped first each time (the old path plus a dict copy)
+        from kernelset.ops.activation import launch as A
+        from kernelset.ops.rope import launch as R
+        CASES["ks.rms_norm, sites dropped"] = dropping(L._fwd_two_pass, lambda: ks.rms_norm(x, w))
+        for name, fk, f in (("ks.apply_rotary q 32x128, k 8x128, one token", R._apply,
+                             lambda: ks.apply_rotary(q, k, cos, sin)),
+                            ("ks.swiglu 1x14336", A._fwd, lambda: ks.swiglu(gate, up))):
+            f()
+            CASES[name] = f
+            CASES[name + ", sites dropped"] = dropping(fk, f)
+        CASES["F.silu(gate) * up"] = lambda: F.silu(gate) * up
     # correctness of the bare launches against the public call
     fast_kernel()
     ref = ks.rms_norm(x, w)

@@ -56,9 +56,13 @@ def act_fwd(x: torch.Tensor, up: torch.Tensor | None, kind: str, layout: str, al
     y = empty((*x.shape[:-1], i), x.dtype, x.device)
     if m == 0 or i == 0:
         return y
-    p = act_policy(m, i, ACTS[kind])
-    _fwd(p.grid, x, up, y, m, i, row_stride(x), row_stride(up) if up is not None else 0, i, alpha, limit,
-         ACT=ACTS[kind], LAYOUT=LAYOUTS[layout], BLOCK_M=p.block_m, BLOCK_N=p.block_n, num_warps=p.num_warps)
+    act, lay = ACTS[kind], LAYOUTS[layout]
+    p = act_policy(m, i, act)
+    site = (act, lay, p.block_m, p.block_n, p.num_warps)  # every constexpr (FastKernel.at checks the rest)
+    args = (x, up, y, m, i, row_stride(x), row_stride(up) if up is not None else 0, i, alpha, limit)
+    if not _fwd.at(site, p.grid, *args):
+        _fwd(p.grid, *args, site=site, ACT=act, LAYOUT=lay, BLOCK_M=p.block_m, BLOCK_N=p.block_n,
+             num_warps=p.num_warps)
     return y
 
 

@@ -119,11 +119,15 @@ def rope_apply(q, k, cos, sin, interleaved, rotary_dim, unsqueeze_dim, sign=1.0)
     half = rotary_dim // 2
     p = rope_apply_policy(hq, hk, half)
     span = max((h - 1) * abs(x.stride(2)) for h, x in ((hq, qs), (hk, ks_), (hq, yqs), (hk, yks)) if h) + 2 * half
-    _apply((bsz * s, p.nb1 + p.nb2), qs, yqs, ks_, yks, c3, s3, s, hq, hk, p.nb1,
-           qs.stride(0), qs.stride(1), qs.stride(2), yqs.stride(0), yqs.stride(1), yqs.stride(2),
-           ks_.stride(0), ks_.stride(1), ks_.stride(2), yks.stride(0), yks.stride(1), yks.stride(2),
-           cb, c3.stride(1), sb, s3.stride(1), sign, HALF=half, INTERLEAVED=interleaved, BLOCK_H1=p.block_h1,
-           BLOCK_H2=p.block_h2, BLOCK_R=p.block_r, WIDE=span >= _INT32_SPAN, num_warps=p.num_warps, fp_fusion=False)
+    grid, wide = (bsz * s, p.nb1 + p.nb2), span >= _INT32_SPAN
+    args = (qs, yqs, ks_, yks, c3, s3, s, hq, hk, p.nb1,
+            qs.stride(0), qs.stride(1), qs.stride(2), yqs.stride(0), yqs.stride(1), yqs.stride(2),
+            ks_.stride(0), ks_.stride(1), ks_.stride(2), yks.stride(0), yks.stride(1), yks.stride(2),
+            cb, c3.stride(1), sb, s3.stride(1), sign)
+    site = (half, interleaved, p.block_h1, p.block_h2, p.block_r, wide, p.num_warps)  # every constexpr
+    if not _apply.at(site, grid, *args):
+        _apply(grid, *args, site=site, HALF=half, INTERLEAVED=interleaved, BLOCK_H1=p.block_h1,
+               BLOCK_H2=p.block_h2, BLOCK_R=p.block_r, WIDE=wide, num_warps=p.num_warps, fp_fusion=False)
     return yq, yk
 
 
