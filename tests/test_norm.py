@@ -622,3 +622,84 @@ def test_split_forward_keeps_its_chunk_16_bit():
         assert r["evict_first"] and r["streaming"], r
     rms = next(r for r in results if r["case"] == "split-rmsTrue")
     assert rms["regs"] <= 80, rms
+
+
+# ---- the eager replay table (api._EAGER): repeated no-grad calls skip checks and dispatch ------
+
+
+def test_eager_replay_keys_only_plain_hashable_calls(device):
+    from kernelset.ops.norm import api
+    x = torch.randn(2, 64, device=device)
+    w = torch.randn(64, device=device)
+    key = api._eager_key
+    assert key(x, w, 1e-6, 0.0, api.NormCast.LLAMA, False, "auto") is not None
+    assert key(x, None, 1e-6, 0.0, api.NormCast.GEMMA, True, "triton") is not None
+    for bad in ((x, w, 1, 0.0, api.NormCast.LLAMA, False, "auto"),  # int eps: the full path converts it
+                (x, w, 1e-6, 0, api.NormCast.LLAMA, False, "auto"),
+                (x, w, 1e-6, 0.0, "llama", False, "auto"),  # a string cast is parsed by the full path
+                (x, w, 1e-6, 0.0, api.NormCast.LLAMA, 1, "auto"),
+                (x, [1.0], 1e-6, 0.0, api.NormCast.LLAMA, False, "auto"),
+                (torch.nn.Parameter(x), w, 1e-6, 0.0, api.NormCast.LLAMA, False, "auto")):
+        assert key(*bad) is None
+    # every property the checks and the launch depend on is in the key
+    base = key(x, w, 1e-6, 0.0, api.NormCast.LLAMA, False, "auto")
+    assert key(x.t().contiguous().t(), w, 1e-6, 0.0, api.NormCast.LLAMA, False, "auto") != base  # strides
+    assert key(x.half(), w, 1e-6, 0.0, api.NormCast.LLAMA, False, "auto") != base
+    assert key(x, w[:32], 1e-6, 0.0, api.NormCast.LLAMA, False, "auto") != base
+    assert key(x, w, 1e-5, 0.0, api.NormCast.LLAMA, False, "auto") != base
+    with policy.use(dataclasses.replace(policy.DEFAULT_TUNING, fwd_tile=4096)):
+        assert key(x, w, 1e-6, 0.0, api.NormCast.LLAMA, False, "auto") != base
+    api._EAGER["sentinel"] = None
+    with ks.config.override(direct_launch=False):
+        assert "sentinel" not in api._EAGER  # any configuration change empties the table
+
+
+def test_eager_replay_is_never_taken_for_bad_input_or_on_the_cpu(device):
+    """Bad input reaches the checks even after a good call of the same shape (the key holds the
+    argument's properties, so a call that differs is a miss); the CPU's reference is never kept."""
+    from kernelset.ops.norm import api
+    x = torch.randn(3, 256, device=device, dtype=torch.bfloat16)
+    w = torch.randn(256, device=device, dtype=torch.bfloat16)
+    for _ in range(2):
+        ks.rms_norm(x, w)
+    if device.type == "cpu":
+        assert not any(k[0] == x.shape and k[3] == x.device for k in api._EAGER if isinstance(k, tuple))
+    with pytest.raises(ValueError, match="eps"):
+        ks.rms_norm(x, w, eps=-1.0)
+    with pytest.raises(ValueError, match="weight"):
+        ks.rms_norm(x, w[:128])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["two-pass", "block", "torch-order", "gemma-offset", "no-weight", "strided"])
+def test_eager_replay_matches_the_full_path(case):
+    """The second and later no-grad calls of a signature take the replay (one kernel launch
+    through its bound site); their output equals the first call's bit for bit and the reference
+    within tolerance, and a call whose tensors differ in alignment falls back to the full path."""
+    from kernelset.ops.norm import api
+    dev = torch.device("cuda")
+    n = {"block": 1024, "strided": 2048}.get(case, 4096)
+    wide = torch.randn(4, n + 8, device=dev, dtype=torch.bfloat16)
+    x = wide[:, :n] if case == "strided" else torch.randn(4, n, device=dev, dtype=torch.bfloat16)
+    w = None if case == "no-weight" else torch.randn(n, device=dev, dtype=torch.bfloat16)
+    kw = {"torch_order": True} if case == "torch-order" else {}
+    if case == "gemma-offset":
+        kw = {"offset": 1.0, "cast": ks.NormCast.GEMMA}
+    api._EAGER.clear()
+    first = ks.rms_norm(x, w, **kw)
+    assert len(api._EAGER) == 1
+    (replay,) = api._EAGER.values()
+    y = torch.full_like(first, float("nan"))
+    assert replay(x, w, y, 1e-6, kw.get("offset", 0.0)), "the replay did not launch"
+    assert torch.equal(y, first)
+    assert torch.equal(ks.rms_norm(x, w, **kw), first)
+    want = rms_norm_ref(x, w, 1e-6, kw.get("offset", 0.0), case == "gemma-offset")[0]
+    assert rel_err(first, want) <= tolerance("norm", torch.bfloat16)
+    # a view one element off the aligned rows: same shape and strides (same key), other alignment
+    if case == "strided":
+        off = wide[:, 1:n + 1]
+        y2 = torch.full_like(first, float("nan"))
+        assert not replay(off, w, y2, 1e-6, 0.0)
+        assert torch.isnan(y2).all()
+        got = ks.rms_norm(off, w)
+        assert rel_err(got, rms_norm_ref(off, w, 1e-6, 0.0, False)[0]) <= tolerance("norm", torch.bfloat16)

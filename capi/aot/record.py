@@ -100,7 +100,8 @@ def recording(sms: int = 132, modules: tuple = (), cc: int = 90) -> Iterator[lis
     launches: list[Launch] = []
     original = FastKernel.__call__
 
-    def record(self, grid, *args, num_warps, num_stages=None, fp_fusion=True, **kwargs):
+    def record(self, grid, *args, num_warps, num_stages=None, fp_fusion=True, site=None, **kwargs):
+        # (site: a bound launch, FastKernel.at; never bound while recording, so every call comes here)
         fn = jit_function(self.fn)
         bound = inspect.signature(fn).bind(*args, **kwargs)
         bound.apply_defaults()

@@ -15,11 +15,13 @@ from typing import Any, NamedTuple, Optional
 
 import torch
 
-from ...core import checks, dispatch
+from ...core import checks, config, dispatch
+from ...core.alloc import empty_like
 from ...core.autograd import AutogradSpec, EagerAutograd, needs_grad
 from ...core.enums import AUTO, Backend, KsEnum
 from ...core.errors import ArgumentError
 from . import backends  # noqa: F401  (declares the ops and registers their implementations)
+from . import policy as _policy
 
 
 class NormCast(KsEnum):
@@ -73,8 +75,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, *, eps: float 
     construction. The backward is the same either way.
     Returns y ``[..., N]`` contiguous, in x.dtype.
     """
+    key = None
+    if not torch.compiler.is_compiling():
+        key = _eager_key(x, weight, eps, offset, cast, torch_order, backend)  # None unless plain tensors ...
+        if key is not None and not needs_grad(x, weight):
+            replay = _EAGER.get(key)
+            if replay is not None:
+                y = empty_like(x)
+                if replay(x, weight, y, eps, offset):
+                    return y
     op = "rms_norm"
     _check_x(op, x)
+    w_in = weight
     weight = _param(op, "weight", weight, x)
     eps = checks.positive(op, "eps", eps)
     offset = checks.finite(op, "offset", offset)
@@ -87,12 +99,49 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, *, eps: float 
         return torch.ops.kernelset.rms_norm(x, weight, eps, offset, gemma, str(backend), torch_order)[0]
     if needs_grad(x, weight):
         return EagerAutograd.apply(_RMS, x, weight, eps, offset, gemma, str(backend), torch_order)[0]
-    return dispatch.select(op, backend, (x, weight), _TORCH_ORDER if torch_order else _NO_KW).forward(
-        x, weight, eps, offset, gemma, False, torch_order)[0]
+    impl = dispatch.select(op, backend, (x, weight), _TORCH_ORDER if torch_order else _NO_KW)
+    y = impl.forward(x, weight, eps, offset, gemma, False, torch_order)[0]
+    if key is not None and weight is w_in and impl.backend is Backend.TRITON:  # (a weight made contiguous: not kept)
+        replay = _launch().rms_replay(x, weight, offset=offset, gemma_cast=gemma, torch_order=torch_order)
+        if replay is not None:
+            if len(_EAGER) >= 1024:
+                _EAGER.clear()
+            _EAGER[key] = replay
+    return y
 
 
 _TORCH_ORDER = {"torch_order": True}
 _NO_KW: dict = {}
+
+# Eager calls without a gradient whose every argument property matches a call validated before
+# (shape, strides, dtype and device of x and weight, the options, the tuning in force) launch its
+# kernel again through ``launch.rms_replay`` without the checks, the dispatcher or the policy: at
+# decode sizes those cost more host time than the launch (issue 2's bar: <= 15 us per call). The
+# replay itself refuses tensors that differ in what the kernel was compiled for (alignment ...);
+# then the full path runs. Any configuration change empties the table (KS_BACKEND, KS_DISABLE ...).
+_EAGER: dict[tuple, Any] = {}
+config.on_change(_EAGER.clear)
+
+
+def _eager_key(x, weight, eps, offset, cast, torch_order, backend) -> tuple | None:
+    """The table key of an eager call, None where it is not kept (only plain tensors, float eps and
+    offset, a NormCast member, a bool torch_order, a string backend: all hashable, none ambiguous)."""
+    if (type(x) is not torch.Tensor or type(eps) is not float or type(offset) is not float
+            or type(torch_order) is not bool or type(backend) is not str
+            or not (cast is NormCast.LLAMA or cast is NormCast.GEMMA)):
+        return None
+    if weight is None:
+        wk = None
+    elif isinstance(weight, torch.Tensor):
+        wk = (weight.shape, weight.stride(), weight.dtype, weight.device)
+    else:
+        return None
+    return (x.shape, x.stride(), x.dtype, x.device, wk, eps, offset, cast, torch_order, backend, _policy.active())
+
+
+def _launch():
+    from . import launch
+    return launch
 
 
 def _rms_fwd(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset: float, gemma_cast: bool,

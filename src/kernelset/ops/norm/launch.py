@@ -64,6 +64,22 @@ def _ring_fwd(x, weight, y, rstd, m, n, eps, offset, gemma_cast, stats, rp: Ring
     return True
 
 
+# Sites of the bound launches (FastKernel.at): each fixes every constexpr and num_warps of its
+# kernel; norm_fwd and rms_replay build them here, so a replay can only find a launch bound by the
+# same constexprs.
+def _two_pass_site(p, n: int, hw: bool, gemma_cast: bool, stats: bool, ho: bool) -> tuple:
+    return (p.block_n, p.num_warps, hw, gemma_cast, stats, n % p.block_n == 0, ho)  # EVEN as launched
+
+
+def _block_site(p, n: int, is_rms: bool, hr: bool, hw: bool, hb: bool, gemma_cast: bool, stats: bool,
+                ho: bool) -> tuple:
+    return (p.rows, p.block_n, p.num_warps, is_rms, hr, hw, hb, gemma_cast, stats, n == p.block_n, ho)
+
+
+def _torch_order_site(lanes: int, hw: bool, gemma_cast: bool, stats: bool) -> tuple:
+    return (lanes, max(1, min(8, lanes // 64)), hw, gemma_cast, stats)  # (lanes, num_warps, ...)
+
+
 def _rows(x: torch.Tensor) -> int:
     n = x.shape[-1]
     return x.numel() // n if n else 0
@@ -116,20 +132,53 @@ def norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
     elif p.two_pass:
         # the site fixes every constexpr and num_warps (FastKernel.at checks the rest)
         hw, even, ho = weight is not None, n % p.block_n == 0, offset != 0.0
-        site = (p.block_n, p.num_warps, hw, gemma_cast, stats, even, ho)
+        site = _two_pass_site(p, n, hw, gemma_cast, stats, ho)
         if not _fwd_two_pass.at(site, (p.grid,), x, weight, y, rstd, n, sx, sy, eps, offset):
             _fwd_two_pass((p.grid,), x, weight, y, rstd, n, sx, sy, eps, offset, site=site, HAS_WEIGHT=hw,
                           GEMMA_CAST=gemma_cast, STORE_STATS=stats, CHUNK=p.block_n, EVEN=even, HAS_OFFSET=ho,
                           num_warps=p.num_warps)
     else:
         hr, hw, hb, even, ho = residual is not None, weight is not None, bias is not None, n == p.block_n, offset != 0.0
-        site = (p.rows, p.block_n, p.num_warps, is_rms, hr, hw, hb, gemma_cast, stats, even, ho)
+        site = _block_site(p, n, is_rms, hr, hw, hb, gemma_cast, stats, ho)
         if not _fwd.at(site, (p.grid,), x, residual, weight, bias, y, h, mean, rstd, m, n, sx, sr, sy, sh, eps,
                        offset):
             _fwd((p.grid,), x, residual, weight, bias, y, h, mean, rstd, m, n, sx, sr, sy, sh, eps, offset, site=site,
                  IS_RMS=is_rms, HAS_RESIDUAL=hr, HAS_WEIGHT=hw, HAS_BIAS=hb, GEMMA_CAST=gemma_cast, STORE_STATS=stats,
                  ROWS=p.rows, BLOCK_N=p.block_n, EVEN=even, HAS_OFFSET=ho, num_warps=p.num_warps)
     return y, h, mean, rstd
+
+
+def rms_replay(x: torch.Tensor, weight: torch.Tensor | None, *, offset: float, gemma_cast: bool,
+               torch_order: bool):
+    """A launcher for later calls like this plain RMSNorm forward (no stats, y allocated by the
+    caller): ``replay(x, weight, y, eps, offset) -> bool``, through the site its launch bound
+    (``FastKernel.at``: False, nothing launched, where the tensors differ in what the kernel was
+    compiled for). None where this call takes another form (looped, split, ring, the CPU). The
+    public function keeps one per validated call signature (``api._EAGER``)."""
+    n = x.shape[-1]
+    m = x.numel() // n if n else 0
+    if m == 0 or not x.is_cuda:
+        return None
+    sx = row_stride(x)
+    hw = weight is not None
+    if torch_order:
+        lanes = torch_cuda_mean_lanes(m, n)
+        if lanes is None:
+            return None
+        site = _torch_order_site(lanes, hw, gemma_cast, False)
+        grid, factor, at = (m,), torch_cuda_mean_factor(m, n), _fwd_torch_order.at
+        return lambda x, w, y, eps, offset: at(site, grid, x, w, y, None, n, sx, n, eps, factor, offset)
+    p = fwd_policy(m, n, sm_count(x.device), True, active())
+    ho, grid = offset != 0.0, (p.grid,)
+    if p.looped:
+        return None
+    if p.two_pass:
+        site, at = _two_pass_site(p, n, hw, gemma_cast, False, ho), _fwd_two_pass.at
+        return lambda x, w, y, eps, offset: at(site, grid, x, w, y, None, n, sx, n, eps, offset)
+    site = _block_site(p, n, True, False, hw, False, gemma_cast, False, ho)
+    at = _fwd.at
+    return lambda x, w, y, eps, offset: at(site, grid, x, None, w, None, y, None, None, None, m, n, sx, 0, n, 0,
+                                           eps, offset)
 
 
 def rms_fwd_torch_order(x: torch.Tensor, weight: torch.Tensor | None, *, eps: float, offset: float, gemma_cast: bool,
@@ -145,8 +194,9 @@ def rms_fwd_torch_order(x: torch.Tensor, weight: torch.Tensor | None, *, eps: fl
     if m == 0:
         return y, rstd
     lanes = torch_cuda_mean_lanes(m, n)
-    hw, nw = weight is not None, max(1, min(8, lanes // 64))
-    site = (lanes, nw, hw, gemma_cast, stats)
+    hw = weight is not None
+    site = _torch_order_site(lanes, hw, gemma_cast, stats)
+    nw = site[1]
     args = (x, weight, y, rstd, n, row_stride(x), n, eps, torch_cuda_mean_factor(m, n), offset)
     if not _fwd_torch_order.at(site, (m,), *args):
         _fwd_torch_order((m,), *args, site=site, HAS_WEIGHT=hw, GEMMA_CAST=gemma_cast, STORE_STATS=stats,
