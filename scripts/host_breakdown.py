@@ -3,7 +3,7 @@ the same launch timed from the outside in, each layer with the ones above it rem
 ``F.rms_norm`` and a bare ATen launch on the same host. Interleaved rounds, medians; the GPU work
 per call (~2 us) is far below every figure, so what is timed is the host.
 
-Usage (GPU): python scripts/host_breakdown.py [rounds]
+Usage (GPU): python scripts/host_breakdown.py [rounds] [--profile]
 """
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ CASES = {
 
 def main() -> None:
     global raw
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 7
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 7
     print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     print("choice:", impl.backend, "policy:", p, flush=True)
     fast_kernel()
@@ -141,6 +141,16 @@ def main() -> None:
     print(f"host us per call, median of {rounds} rounds of {n} (min-max):")
     for name, ts in times.items():
         print(f"  {name:40s} {statistics.median(ts):6.1f}  ({min(ts):.1f}-{max(ts):.1f})")
+    if "--profile" in sys.argv:  # where apply_rotary's host time goes, by own time
+        import cProfile
+        import pstats
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(500):
+            ks.apply_rotary(q, k, cos, sin)
+        pr.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(pr).sort_stats("tottime").print_stats(16)
 
 
 if __name__ == "__main__":
