@@ -101,7 +101,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, *, eps: float 
         return EagerAutograd.apply(_RMS, x, weight, eps, offset, gemma, str(backend), torch_order)[0]
     impl = dispatch.select(op, backend, (x, weight), _TORCH_ORDER if torch_order else _NO_KW)
     y = impl.forward(x, weight, eps, offset, gemma, False, torch_order)[0]
-    if key is not None and weight is w_in and impl.backend is Backend.TRITON:  # (a weight made contiguous: not kept)
+    # kept once per key (a replay refused by alignment keeps its entry: the full call rebound its site)
+    if key is not None and weight is w_in and impl.backend is Backend.TRITON and key not in _EAGER:
         replay = _launch().rms_replay(x, weight, offset=offset, gemma_cast=gemma, torch_order=torch_order)
         if replay is not None:
             if len(_EAGER) >= 1024:
