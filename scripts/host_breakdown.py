@@ -104,13 +104,17 @@ def main() -> None:
         # the same public calls with their sites dropped first each time (the old path plus a dict copy)
         from kernelset.ops.activation import launch as A
         from kernelset.ops.rope import launch as R
-        CASES["ks.rms_norm, sites dropped"] = dropping(L._fwd_two_pass, lambda: ks.rms_norm(x, w))
+        # the full path (a string cast is never kept in the replay table): checks, dispatch, policy,
+        # then the bound launch; and with its site dropped each call, the path before session 23
+        CASES["ks.rms_norm, cast='llama' (full path, bound launch)"] = lambda: ks.rms_norm(x, w, cast="llama")
+        CASES["ks.rms_norm, cast='llama', sites dropped (before s23)"] = dropping(
+            L._fwd_two_pass, lambda: ks.rms_norm(x, w, cast="llama"))
         for name, fk, f in (("ks.apply_rotary q 32x128, k 8x128, one token", R._apply,
                              lambda: ks.apply_rotary(q, k, cos, sin)),
                             ("ks.swiglu 1x14336", A._fwd, lambda: ks.swiglu(gate, up))):
             f()
             CASES[name] = f
-            CASES[name + ", sites dropped"] = dropping(fk, f)
+            CASES[name + ", sites dropped (before s23, + a refused replay)"] = dropping(fk, f)
         CASES["F.silu(gate) * up"] = lambda: F.silu(gate) * up
     # correctness of the bare launches against the public call
     fast_kernel()

@@ -331,3 +331,70 @@ print(json.dumps(out))
 
 def test_kernels_compile_for_sm90():
     compile_report(_AOT, 5)
+
+
+# ---- apply_rotary's eager replay table (api._APPLY_EAGER) -----------------------------------
+
+
+def test_apply_rotary_replay_key_and_cpu(device):
+    """Only plain tensors and plain option types are keyed; the CPU's reference is never kept; a
+    configuration change empties the table."""
+    from kernelset.ops.rope import api
+    q = torch.randn(1, 4, 3, 16, device=device)
+    k = torch.randn(1, 2, 3, 16, device=device)
+    cos, sin = torch.randn(3, 16, device=device), torch.randn(3, 16, device=device)
+    key = api._apply_eager_key
+    assert key(q, k, cos, sin, False, None, 1, "auto") is not None
+    assert key(q, k, cos, sin, 0, None, 1, "auto") is None  # a non-bool flag goes through the checks
+    assert key(q, k, cos, sin, False, None, 1.0, "auto") is None
+    assert key(q, k, cos, sin, False, None, 1, "auto") != key(q, k[:, :1], cos, sin, False, None, 1, "auto")
+    if device.type == "cpu":
+        api._APPLY_EAGER.clear()
+        ks.apply_rotary(q, k, cos, sin)
+        ks.apply_rotary(q, k, cos, sin)
+        assert not api._APPLY_EAGER
+    api._APPLY_EAGER["sentinel"] = None
+    with ks.config.override(direct_launch=False):
+        assert "sentinel" not in api._APPLY_EAGER
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["bhsd", "bshd", "cos-3d", "interleaved", "strided-q", "misaligned"])
+def test_apply_rotary_replay_matches_the_full_path(case):
+    from kernelset.ops.rope import api
+    dev = torch.device("cuda")
+    b, hq, hk, s, d = 2, 8, 2, 3, 64
+    ud = 2 if case == "bshd" else 1
+    if case == "strided-q":  # q a slice of a wider projection output, [B, S, H, D] viewed as [B, H, S, D]
+        qkv = torch.randn(b, s, hq + 2 * hk, d, device=dev, dtype=torch.bfloat16)
+        q, k = qkv[:, :, :hq].transpose(1, 2), qkv[:, :, hq:hq + hk].transpose(1, 2)
+    elif ud == 2:
+        q = torch.randn(b, s, hq, d, device=dev, dtype=torch.bfloat16)
+        k = torch.randn(b, s, hk, d, device=dev, dtype=torch.bfloat16)
+    else:
+        q = torch.randn(b, hq, s, d, device=dev, dtype=torch.bfloat16)
+        k = torch.randn(b, hk, s, d, device=dev, dtype=torch.bfloat16)
+    shape = (b, s, d) if case == "cos-3d" else (s, d)
+    cos = torch.randn(shape, device=dev, dtype=torch.bfloat16)
+    sin = torch.randn(shape, device=dev, dtype=torch.bfloat16)
+    il = case == "interleaved"
+    api._APPLY_EAGER.clear()
+    first = ks.apply_rotary(q, k, cos, sin, interleaved=il, unsqueeze_dim=ud)
+    assert len(api._APPLY_EAGER) == 1
+    (replay,) = api._APPLY_EAGER.values()
+    out = replay(q, k, cos, sin)
+    assert out is not None, "the replay did not launch"
+    for got, want in zip(out, first):
+        assert got.stride() == want.stride() and torch.equal(got, want)
+    again = ks.apply_rotary(q, k, cos, sin, interleaved=il, unsqueeze_dim=ud)
+    assert all(torch.equal(a, w) for a, w in zip(again, first))
+    want_ref = ks.apply_rotary(q, k, cos, sin, interleaved=il, unsqueeze_dim=ud, backend="reference")
+    for got, ref in zip(first, want_ref):
+        assert rel_err(got, ref) <= tolerance("elementwise", torch.bfloat16)
+    if case == "misaligned":  # same shapes and strides, q one element off its aligned base
+        base = torch.randn(q.numel() + 8, device=dev, dtype=torch.bfloat16)
+        q2 = base[1:1 + q.numel()].view(q.shape)
+        assert replay(q2, k, cos, sin) is None
+        got = ks.apply_rotary(q2, k, cos, sin, interleaved=il, unsqueeze_dim=ud)
+        ref = ks.apply_rotary(q2, k, cos, sin, interleaved=il, unsqueeze_dim=ud, backend="reference")
+        assert rel_err(got.q, ref.q) <= tolerance("elementwise", torch.bfloat16)

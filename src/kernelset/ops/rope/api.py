@@ -2,11 +2,11 @@
 layout, in place, forward only) and apply_rotary (transformers' layout, differentiable)."""
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import torch
 
-from ...core import checks, dispatch
+from ...core import checks, config, dispatch
 from ...core.autograd import AutogradSpec, EagerAutograd, needs_grad
 from ...core.enums import AUTO, Backend, KsEnum
 from ...core.errors import ArgumentError
@@ -112,6 +112,15 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     through. fp32 math; differentiable in q and k
     (cos and sin are treated as constants).
     """
+    key = None
+    if not torch.compiler.is_compiling():
+        key = _apply_eager_key(q, k, cos, sin, interleaved, rotary_dim, unsqueeze_dim, backend)
+        if key is not None and not needs_grad(q, k):
+            replay = _APPLY_EAGER.get(key)
+            if replay is not None:
+                out = replay(q, k, cos, sin)
+                if out is not None:
+                    return RotatedQK(*out)
     op = "apply_rotary"
     for name, t in (("q", q), ("k", k)):
         checks.tensor(op, name, t, min_ndim=4)
@@ -142,7 +151,35 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
         return RotatedQK(*torch.ops.kernelset.apply_rotary(*args, str(backend)))
     if needs_grad(q, k):
         return RotatedQK(*EagerAutograd.apply(_APPLY, *args, str(backend)))
-    return RotatedQK(*dispatch.select(op, backend, (q, k, cos, sin), {}).forward(*args, 1.0))
+    impl = dispatch.select(op, backend, (q, k, cos, sin), {})
+    out = RotatedQK(*impl.forward(*args, 1.0))
+    if key is not None and impl.backend is Backend.TRITON and key not in _APPLY_EAGER:
+        from .launch import rope_apply_replay
+        replay = rope_apply_replay(q, k, cos, sin, interleaved, r, unsqueeze_dim)
+        if replay is not None:
+            if len(_APPLY_EAGER) >= 1024:
+                _APPLY_EAGER.clear()
+            _APPLY_EAGER[key] = replay
+    return out
+
+
+# No-grad eager calls whose every argument property matches a call validated before launch its
+# kernel again through ``launch.rope_apply_replay`` (strides and policy computed once), without the
+# checks and the dispatcher: in HF's decode loop this op runs once per layer per token. As
+# ``norm.api._EAGER``: emptied on any configuration change; the replay refuses tensors whose
+# alignment differs from the compiled kernel's (then the full call runs).
+_APPLY_EAGER: dict[tuple, Any] = {}
+config.on_change(_APPLY_EAGER.clear)
+
+
+def _apply_eager_key(q, k, cos, sin, interleaved, rotary_dim, unsqueeze_dim, backend) -> tuple | None:
+    if (type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(cos) is not torch.Tensor
+            or type(sin) is not torch.Tensor or type(interleaved) is not bool or type(unsqueeze_dim) is not int
+            or not (rotary_dim is None or type(rotary_dim) is int) or type(backend) is not str):
+        return None
+    return (q.shape, q.stride(), k.shape, k.stride(), cos.shape, cos.stride(), sin.shape, sin.stride(), q.dtype,
+            k.dtype, cos.dtype, sin.dtype, q.device, k.device, cos.device, sin.device, interleaved, rotary_dim,
+            unsqueeze_dim, backend)
 
 
 def _apply_fwd(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
