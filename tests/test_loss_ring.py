@@ -19,16 +19,15 @@ RING = dataclasses.replace(launch.CETuning(), ring_min_gbs_per_sm=0.001)
 
 
 def test_ring_policy():
-    """Vocabularies of 32768-262144, multiples of 256, in portions of 32768 (the last ragged);
+    """Vocabularies of 32768-262144, multiples of 256, in portions of 16384 (the last ragged);
     2-byte logits; SXM-class bandwidth per SM (H100 SXM, H200) by default."""
     t = launch.CETuning()
-    rp = launch.ring_policy(128256, 2, 25.0, t)  # H100 SXM
-    assert (rp.split, rp.split_p2, rp.chunks, rp.box_rows, rp.buffers, rp.num_warps) == (4, 4, 8, 16, 9, 8)
-    assert launch.ring_policy(262144, 2, 25.0, t).split == 8
-    assert launch.ring_policy(32768, 2, 25.0, t).split == 1
-    rp = launch.ring_policy(128256, 2, 36.0, t)  # H200: smaller portions, 6 programs of 4 warps per SM
-    assert (rp.split, rp.split_p2, rp.chunks, rp.box_rows, rp.buffers, rp.num_warps, rp.programs_per_sm) == (
-        8, 8, 8, 8, 9, 4, 6)
+    for gbs in (25.0, 36.0):  # H100 SXM, H200: one launch, 6 programs of 4 warps per SM
+        rp = launch.ring_policy(128256, 2, gbs, t)
+        assert (rp.split, rp.split_p2, rp.chunks, rp.box_rows, rp.buffers, rp.num_warps, rp.programs_per_sm) == (
+            8, 8, 8, 8, 9, 4, 6)
+    assert launch.ring_policy(262144, 2, 25.0, t).split == 16
+    assert launch.ring_policy(32768, 2, 25.0, t).split == 2
     assert launch.ring_policy(128256, 2, 25.0, t) is not None  # H100 SXM
     assert launch.ring_policy(128256, 2, 17.5, t) is None  # H100 PCIe: not measured, the looped kernel
     assert launch.ring_policy(128256, 2, 17.5, RING) is not None
@@ -151,7 +150,7 @@ def test_ring_launcher_binds_the_kernel_signature(monkeypatch):
         launch.ce_rows(x, tgt, loss, lse, torch.empty(5, 2 * 128256, dtype=x.dtype)[:, ::2], scale, -100, 0.0, 0.0,
                        None, True)
     assert len(calls) == 1 and len(other) == 4
-    assert asked == [(5, 2, 8)]  # (max, sum) per portion, 8 portions a row
+    assert asked == [(5, 2, 8)]  # (max, sum) per portion, 8 portions a row (split_p2 8)
     bound = dict(zip(K._ce_ring_kernel.arg_names, args), **kw)
     assert set(bound) == set(K._ce_ring_kernel.arg_names)
     assert bound["x_desc"].base.data_ptr() == x.data_ptr() and bound["X"] is x and bound["T"] is tgt
@@ -168,11 +167,12 @@ def _ring_gpu(device):
         pytest.skip("the ring kernel needs an sm_90 GPU with Gluon")
 
 
-# both launches on any sm_90: portions of 32768 (the H100's) and of 16384 (the H200's), and the
-# row-masked ragged form (off by default)
-LAUNCHES = {"p32768": dataclasses.replace(RING, ring_small_gbs_per_sm=0.0),
-            "p16384": dataclasses.replace(RING, ring_small_gbs_per_sm=0.001),
-            "p16384-rowmasks": dataclasses.replace(RING, ring_small_gbs_per_sm=0.001, ring_row_masks=True)}
+# the shipped launch on any sm_90 (portions of 16384), the first one (portions of 32768 in 16-row
+# chunks, 8 warps, 3 per SM) and the row-masked ragged form (off by default)
+LAUNCHES = {"p32768": dataclasses.replace(RING, ring_portion=32768, ring_box_rows=16, ring_warps=8,
+                                          ring_programs_per_sm=3),
+            "p16384": RING,
+            "p16384-rowmasks": dataclasses.replace(RING, ring_row_masks=True)}
 
 
 def _count_ring(monkeypatch) -> list:

@@ -235,13 +235,13 @@ def test_plan_details_describe_the_named_gpu(gpu):
         assert "kernels: ring forward on sm_90 (Gluon: 4 programs of 16384 columns per row" in why, why
     else:
         assert "kernels: looped forward; split backward" in why, why
-    # the LM head's loss in training: the cross-entropy ring on SXM-class sm_90 GPUs, a launch per class
+    # the LM head's loss in training: the cross-entropy ring on SXM-class sm_90 GPUs (one launch for both since s23)
     lce = [line for line in plan("llama-3-8b", gpu=gpu, mode="training").table().splitlines()
            if "linear_cross_entropy" in line]
     assert len(lce) == 1 and "chunks of 1024 tokens (250 MiB of logits" in lce[0], lce
     ce_gluon = ring.gluon_kernel("kernelset.ops.loss.ring_sm90", "_ce_ring_kernel")[0] is not None
     ring_says = {"h200": "ring kernel on sm_90 (Gluon: 8 programs of 16384 logits per row",
-                 "h100": "ring kernel on sm_90 (Gluon: 4 programs of 32768 logits per row"}
+                 "h100": "ring kernel on sm_90 (Gluon: 8 programs of 16384 logits per row"}
     if gpu in ring_says and ce_gluon:
         assert ring_says[gpu] in lce[0], lce[0]
     else:

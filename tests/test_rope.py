@@ -374,10 +374,11 @@ def test_apply_rotary_replay_matches_the_full_path(case):
     else:
         q = torch.randn(b, hq, s, d, device=dev, dtype=torch.bfloat16)
         k = torch.randn(b, hk, s, d, device=dev, dtype=torch.bfloat16)
-    shape = (b, s, d) if case == "cos-3d" else (s, d)
-    cos = torch.randn(shape, device=dev, dtype=torch.bfloat16)
-    sin = torch.randn(shape, device=dev, dtype=torch.bfloat16)
     il = case == "interleaved"
+    # transformers' tables: halves duplicated (pairs for interleaved), as the op documents
+    shape = (b, s, d // 2) if case == "cos-3d" else (s, d // 2)
+    cos, sin = (torch.randn(shape, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    cos, sin = ((t.repeat_interleave(2, -1) if il else torch.cat([t, t], -1)) for t in (cos, sin))
     api._APPLY_EAGER.clear()
     first = ks.apply_rotary(q, k, cos, sin, interleaved=il, unsqueeze_dim=ud)
     assert len(api._APPLY_EAGER) == 1

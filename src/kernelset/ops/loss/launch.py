@@ -52,29 +52,26 @@ class CETuning:
     # smoothing, 2-byte contiguous 16-byte aligned logits, ring_from..ring_to wide and a multiple
     # of 256 (portions of ring_portion, the last one ragged), on sm_90 GPUs with at least
     # ring_min_gbs_per_sm of datasheet bandwidth per SM (H100 SXM 25, H200 36; not measured on
-    # the PCIe H100's 17.5). Chunks of 16 x 256, 9 buffers (72 KB), 8 warps, 3 programs per SM.
-    # scripts/ce_ring_widths.py (docs/benchmarks/2026-11-27-s22 runs 4-5), ring / looped, % of
-    # copy: H200 8192x128256 82.1 / 77.0, 4096x262144 84.0 / 68.6, 16384x65536 85.2 / 67.3,
-    # 32768x32768 82.9 / 61.5; H100 91.9 / 90.8, 94.1 / 76.7, 91.3 / 86.6, 88.7 / 76.1. With
-    # smoothing the kernel needs 92-98 registers, past the 85 of 3 programs per SM (H200 55.8%
-    # against 74.9%): those rows stay on the looped kernel. 0 turns it off.
+    # the PCIe H100's 17.5). Portions of 16384 in chunks of 8 x 256, 9 buffers (36 KB), 4 warps,
+    # 6 programs per SM, as the RMSNorm ring. scripts/ce_ring_tune.py against the first launch
+    # (portions of 32768, 16 x 256 chunks, 8 warps, 3 per SM), % of copy: H200 8192x128256 83.6 /
+    # 80.9, 4096x262144 88.1 / 86.2, 16384x65536 89.4 / 85.0 (s22 run 9; 84.9 / 81.1 and 85.8 /
+    # 82.4 in s23 run 1); H100 93.0 / 91.9, 94.5 / 94.0 (s23 run 5). The looped kernel: H200
+    # 73.5-76.1%, H100 90.8% at 8192x128256. With smoothing the kernel needs 92-98 registers, past
+    # what 6 programs of 4 warps per SM allow (the first launch: H200 55.8% against the looped
+    # 74.9%): those rows stay on the looped kernel. 0 turns it off.
     ring_min_gbs_per_sm: float = 20.0
     ring_from: int = 32768
     ring_to: int = 262144
-    ring_portion: int = 32768
-    ring_box_rows: int = 16
+    ring_portion: int = 16384
+    ring_box_rows: int = 8
     ring_buffers: int = 9
-    ring_warps: int = 8
-    ring_programs_per_sm: int = 3
-    # on GPUs of at least ring_small_gbs_per_sm (the H200: 36), portions of 16384 in chunks of
-    # 8 x 256, 9 buffers (36 KB), 4 warps, 6 programs per SM, as the RMSNorm ring
-    # (scripts/ce_ring_tune.py, s22 run 9, H200, against the launch above): 8192x128256 83.6 /
-    # 80.9%, 4096x262144 88.1 / 86.2%, 16384x65536 89.4 / 85.0%. Not measured on the H100 (no
-    # device time left): it keeps the launch above, measured there (91.9% at 8192x128256).
-    ring_small_gbs_per_sm: float = 30.0
-    ring_small: tuple[int, int, int, int, int] = (16384, 8, 9, 4, 6)  # portion, box rows, buffers, warps, per SM
+    ring_warps: int = 4
+    ring_programs_per_sm: int = 6
     # a ragged last portion masked per chunk row (row reductions) instead of per element: fits
-    # the launches' registers under Triton 3.9 too (72-79 against 128-144, ptxas), not yet timed
+    # the launch's registers under Triton 3.9 too (72-79 against 128-144, ptxas); H200 (s23 run
+    # 1) 84.6 / 84.9% at 8192x128256, 87.5 / 85.8% at 4096x262144 against the element-masked
+    # form: mixed, so off under Triton 3.6 (the GPU image), where both fit
     ring_row_masks: bool = False
 
 
@@ -118,8 +115,6 @@ def ring_policy(v: int, itemsize: int, gbs_per_sm: float, t: CETuning) -> RingLa
         return None
     if not (t.ring_from <= v <= t.ring_to):
         return None
-    if t.ring_small_gbs_per_sm > 0 and gbs_per_sm >= t.ring_small_gbs_per_sm:
-        return ring_launch(v, *t.ring_small, ragged=True)
     return ring_launch(v, t.ring_portion, t.ring_box_rows, t.ring_buffers, t.ring_warps, t.ring_programs_per_sm,
                        ragged=True)
 
