@@ -74,8 +74,12 @@ def act_bwd(dy: torch.Tensor, x: torch.Tensor, up: torch.Tensor | None, kind: st
     du = empty(up.shape, up.dtype, up.device) if up is not None else None
     if m == 0 or i == 0:
         return dx, du
-    p = act_policy(m, i, ACTS[kind])
-    _bwd(p.grid, dy, x, up, dx, du, m, i, row_stride(dy), row_stride(x), row_stride(up) if up is not None else 0,
-         x.shape[-1], i if du is not None else 0, ACT=ACTS[kind], LAYOUT=LAYOUTS[layout], BLOCK_M=p.block_m,
-         BLOCK_N=p.block_n, num_warps=p.num_warps)
+    act, lay = ACTS[kind], LAYOUTS[layout]
+    p = act_policy(m, i, act)
+    args = (dy, x, up, dx, du, m, i, row_stride(dy), row_stride(x), row_stride(up) if up is not None else 0,
+            x.shape[-1], i if du is not None else 0)
+    site = (act, lay, p.block_m, p.block_n, p.num_warps)  # every constexpr (FastKernel.at checks the rest)
+    if not _bwd.at(site, p.grid, *args):
+        _bwd(p.grid, *args, site=site, ACT=act, LAYOUT=lay, BLOCK_M=p.block_m, BLOCK_N=p.block_n,
+             num_warps=p.num_warps)
     return dx, du

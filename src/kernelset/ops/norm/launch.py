@@ -254,10 +254,12 @@ def norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, mea
                 HAS_BIAS=has_bias, GEMMA_CAST=gemma_cast, BLOCK_M=tuning.dwdb_block_m,
                 BLOCK_N=tuning.dwdb_block_n, num_warps=4)
     else:
-        _bwd((p.grid,),
-            dy, x, weight if has_w else dummy, st[0], st[1], dres if dres is not None else dummy, dx,
-            dw_part if has_w else dummy, db_part if has_bias else dummy, m, n, row_stride(dy), row_stride(x),
-            row_stride(dres) if dres is not None else 0, row_stride(dx), offset, IS_RMS=is_rms, HAS_WEIGHT=has_w,
-            HAS_BIAS=has_bias, HAS_DRES=dres is not None, GEMMA_CAST=gemma_cast, ROWS=p.rows, BLOCK_N=p.block_n,
-            PREFETCH=tuning.bwd_prefetch and x.element_size() == 2, num_warps=p.num_warps)  # fp32: spills
+        hd, pf = dres is not None, tuning.bwd_prefetch and x.element_size() == 2  # fp32: spills with the prefetch
+        args = (dy, x, weight if has_w else dummy, st[0], st[1], dres if hd else dummy, dx,
+                dw_part if has_w else dummy, db_part if has_bias else dummy, m, n, row_stride(dy), row_stride(x),
+                row_stride(dres) if hd else 0, row_stride(dx), offset)
+        site = (is_rms, has_w, has_bias, hd, gemma_cast, p.rows, p.block_n, pf, p.num_warps)  # every constexpr
+        if not _bwd.at(site, (p.grid,), *args):
+            _bwd((p.grid,), *args, site=site, IS_RMS=is_rms, HAS_WEIGHT=has_w, HAS_BIAS=has_bias, HAS_DRES=hd,
+                 GEMMA_CAST=gemma_cast, ROWS=p.rows, BLOCK_N=p.block_n, PREFETCH=pf, num_warps=p.num_warps)
     return dx, (dw_part.sum(0) if has_w else None), (db_part.sum(0) if has_bias else None)
