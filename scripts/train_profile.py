@@ -50,6 +50,23 @@ def main() -> int:
         walls.append((time.perf_counter() - t0) * 1e3)
     print(f"{torch.cuda.get_device_name()}, {'patched' if patched else 'unpatched'}: step {statistics.median(walls):.1f} ms "
           f"wall, {statistics.median(hosts):.1f} ms to enqueue (medians of 7)", flush=True)
+    # host time per phase, each phase timed without a sync inside the step
+    phases: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer step": [], "zero_grad": []}
+    for _ in range(7):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = model(input_ids=ids, labels=ids).loss
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        opt.step()
+        t3 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        t4 = time.perf_counter()
+        for k, a, b in (("forward", t0, t1), ("backward", t1, t2), ("optimizer step", t2, t3), ("zero_grad", t3, t4)):
+            phases[k].append((b - a) * 1e3)
+    print("host ms per phase (medians of 7): " + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in phases.items()),
+          flush=True)
 
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
