@@ -132,6 +132,9 @@ def _rms_build(offset: float, cast: str, weighted: bool = True) -> Build:
     from ..core.checks import row_stride
     from ..ops.norm.reference import torch_cuda_mean_lanes
 
+    from ..ops.norm.api import NormCast
+    cast_e = NormCast.parse(cast)  # the enum member: eager no-grad calls are then kept for replay (ops/norm/api.py)
+
     def build(m: nn.Module, ops: Any) -> Callable:
         eps = eps_of(m)
 
@@ -146,7 +149,7 @@ def _rms_build(offset: float, cast: str, weighted: bool = True) -> Build:
             # residual stream): the output is the module's, bit for bit; per-head norms (head_dim
             # <= 128) keep the fast kernel, within rounding of the module
             exact = torch_cuda_mean_lanes(2, x.shape[-1]) is not None
-            y = ops.rms_norm(x, m.weight if weighted else None, eps=eps, offset=offset, cast=cast, torch_order=exact)
+            y = ops.rms_norm(x, m.weight if weighted else None, eps=eps, offset=offset, cast=cast_e, torch_order=exact)
             return y if inverse is None else y.permute(inverse)
         return forward
     return build

@@ -1,0 +1,90 @@
+"""Host time of one forward call with gradients recorded (a training step's forward) per op, at
+the shapes of the 1B training bar (Llama-3.2-1B: T 2048, hidden 2048, 32 / 8 heads of 64,
+intermediate 8192, bf16), against the torch ops HuggingFace runs in its place. The forward is
+enqueued only (no backward, outputs dropped), 300 calls per round, 5 interleaved rounds, medians;
+the GPU work per call is far shorter than the host's except where noted, so host time is timed.
+
+Usage (GPU): python scripts/train_host_ops.py
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import kernelset as ks
+from kernelset.hf.patching import CountingOps
+
+dev = torch.device("cuda")
+bf = torch.bfloat16
+T, H, HQ, HK, D, I = 2048, 2048, 32, 8, 64, 8192
+x = torch.randn(1, T, H, device=dev, dtype=bf, requires_grad=True)
+w = torch.nn.Parameter(torch.randn(H, device=dev, dtype=bf))
+q = torch.randn(1, HQ, T, D, device=dev, dtype=bf, requires_grad=True)
+k = torch.randn(1, HK, T, D, device=dev, dtype=bf, requires_grad=True)
+v = torch.randn(1, HK, T, D, device=dev, dtype=bf, requires_grad=True)
+half = torch.randn(1, T, D // 2, device=dev, dtype=bf)
+cos, sin = torch.cat([half.cos(), half.cos()], -1), torch.cat([half.sin(), half.sin()], -1)
+gate = torch.randn(1, T, I, device=dev, dtype=bf, requires_grad=True)
+up = torch.randn(1, T, I, device=dev, dtype=bf, requires_grad=True)
+qs, ks_, vs = (t.transpose(1, 2) for t in (q, k, v))  # [B, S, H, D] for ks.flash_attention
+counting = CountingOps()
+
+
+def hf_rms(x, w, eps=1e-5):
+    h = x.to(torch.float32)
+    var = h.pow(2).mean(-1, keepdim=True)
+    h = h * torch.rsqrt(var + eps)
+    return w * h.to(x.dtype)
+
+
+def rotate_half(t):
+    a, b = t[..., : t.shape[-1] // 2], t[..., t.shape[-1] // 2:]
+    return torch.cat((-b, a), dim=-1)
+
+
+def hf_rope(q, k, cos, sin):
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+    return q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
+
+
+CASES = {
+    "ks.rms_norm (torch_order, llama cast string, as kernelize calls it)":
+        lambda: ks.rms_norm(x, w, eps=1e-5, cast="llama", torch_order=True),
+    "the same through kernelize's counting wrapper":
+        lambda: counting.rms_norm(x, w, eps=1e-5, cast="llama", torch_order=True),
+    "HF LlamaRMSNorm math (torch ops)": lambda: hf_rms(x, w),
+    "ks.apply_rotary": lambda: ks.apply_rotary(q, k, cos, sin),
+    "HF apply_rotary_pos_emb (torch ops)": lambda: hf_rope(q, k, cos, sin),
+    "ks.swiglu": lambda: ks.swiglu(gate, up),
+    "F.silu(gate) * up": lambda: F.silu(gate) * up,
+    "ks.flash_attention (causal, GQA) [GPU-bound: ~0.1 ms]": lambda: ks.flash_attention(qs, ks_, vs, causal=True),
+    "F.scaled_dot_product_attention (causal, GQA)": lambda: F.scaled_dot_product_attention(
+        q, k, v, is_causal=True, enable_gqa=True),
+}
+
+
+def main() -> None:
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
+    times: dict[str, list[float]] = {c: [] for c in CASES}
+    for f in CASES.values():
+        for _ in range(20):
+            f()
+    torch.cuda.synchronize()
+    for _ in range(5):
+        for name, f in CASES.items():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(300):
+                f()
+            times[name].append((time.perf_counter() - t0) / 300 * 1e6)
+    torch.cuda.synchronize()
+    print("host us per forward call with gradients recorded (median of 5 rounds of 300, min-max):")
+    for name, ts in times.items():
+        print(f"  {name:70s} {statistics.median(ts):7.1f}  ({min(ts):.1f}-{max(ts):.1f})")
+
+
+if __name__ == "__main__":
+    main()
