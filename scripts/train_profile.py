@@ -96,6 +96,16 @@ def main() -> int:
     pr.disable()
     torch.cuda.synchronize()
     pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+    # the forward alone, by cumulative time (which module or op spends the forward's host time)
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(2):
+        loss = model(input_ids=ids, labels=ids).loss
+    pr.disable()
+    loss.backward()
+    opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    pstats.Stats(pr).sort_stats("cumtime").print_stats(40)
     if handle is not None:
         print("ops", handle.counts)
         handle.restore()
