@@ -96,6 +96,14 @@ def main() -> int:
     pr.disable()
     torch.cuda.synchronize()
     pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+    # the forward's CPU side by aten op and CUDA runtime call (counts and self CPU time), to set
+    # against the other variant's
+    with profile(activities=[ProfilerActivity.CPU]) as cprof:
+        loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    print(cprof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=55))
     # the forward alone, by cumulative time (which module or op spends the forward's host time)
     pr = cProfile.Profile()
     pr.enable()
