@@ -76,9 +76,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, *, eps: float 
     Returns y ``[..., N]`` contiguous, in x.dtype.
     """
     key = None
-    if not torch.compiler.is_compiling():
-        key = _eager_key(x, weight, eps, offset, cast, torch_order, backend)  # None unless plain tensors ...
-        if key is not None and not needs_grad(x, weight):
+    # (the grad test first, on plain tensors only: a training call builds no key)
+    if (not torch.compiler.is_compiling() and type(x) is torch.Tensor
+            and (weight is None or isinstance(weight, torch.Tensor)) and not needs_grad(x, weight)):
+        key = _eager_key(x, weight, eps, offset, cast, torch_order, backend)  # None unless plain options
+        if key is not None:
             replay = _EAGER.get(key)
             if replay is not None:
                 y = empty_like(x)

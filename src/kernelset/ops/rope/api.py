@@ -113,9 +113,10 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     (cos and sin are treated as constants).
     """
     key = None
-    if not torch.compiler.is_compiling():
+    if (not torch.compiler.is_compiling() and type(q) is torch.Tensor and type(k) is torch.Tensor
+            and not needs_grad(q, k)):  # (a training call builds no key)
         key = _apply_eager_key(q, k, cos, sin, interleaved, rotary_dim, unsqueeze_dim, backend)
-        if key is not None and not needs_grad(q, k):
+        if key is not None:
             replay = _APPLY_EAGER.get(key)
             if replay is not None:
                 out = replay(q, k, cos, sin)
