@@ -105,7 +105,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, *, eps: float 
     y = impl.forward(x, weight, eps, offset, gemma, False, torch_order)[0]
     # kept once per key (a replay refused by alignment keeps its entry: the full call rebound its site)
     if key is not None and weight is w_in and impl.backend is Backend.TRITON and key not in _EAGER:
-        replay = _launch().rms_replay(x, weight, offset=offset, gemma_cast=gemma, torch_order=torch_order)
+        replay = backends._lx().rms_replay(x, weight, offset=offset, gemma_cast=gemma, torch_order=torch_order)
         if replay is not None:
             if len(_EAGER) >= 1024:
                 _EAGER.clear()
@@ -141,10 +141,6 @@ def _eager_key(x, weight, eps, offset, cast, torch_order, backend) -> tuple | No
         return None
     return (x.shape, x.stride(), x.dtype, x.device, wk, eps, offset, cast, torch_order, backend, _policy.active())
 
-
-def _launch():
-    from . import launch
-    return launch
 
 
 def _rms_fwd(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset: float, gemma_cast: bool,

@@ -93,9 +93,34 @@ def rope_apply_policy(hq: int, hk: int, half: int) -> RopeApplyLaunch:
     return RopeApplyLaunch(b1, b2, block_r, warps, -(-hq // b1), -(-hk // b2) if hk else 0)
 
 
+def _apply_launch(q, k, yq, yk, cos, sin, interleaved, rotary_dim, unsqueeze_dim, sign):
+    """(grid, site, args) of _rope_apply_kernel for these tensors, or None for an empty problem;
+    rope_apply and its replay both build their launch here."""
+    if unsqueeze_dim == 2:  # [B, S, H, D] views
+        qs, ks_, yqs, yks = q, k, yq, yk
+    else:
+        qs, ks_, yqs, yks = q.transpose(1, 2), k.transpose(1, 2), yq.transpose(1, 2), yk.transpose(1, 2)
+    bsz, s, hq, _ = qs.shape
+    hk = ks_.shape[2]
+    if bsz * s == 0 or hq + hk == 0:
+        return None
+    c3 = cos if cos.dim() == 3 else cos.unsqueeze(0)
+    s3 = sin if sin.dim() == 3 else sin.unsqueeze(0)
+    cb = c3.stride(0) if c3.shape[0] > 1 else 0
+    sb = s3.stride(0) if s3.shape[0] > 1 else 0
+    half = rotary_dim // 2
+    p = rope_apply_policy(hq, hk, half)
+    span = max((h - 1) * abs(x.stride(2)) for h, x in ((hq, qs), (hk, ks_), (hq, yqs), (hk, yks)) if h) + 2 * half
+    grid, wide = (bsz * s, p.nb1 + p.nb2), span >= _INT32_SPAN
+    args = (qs, yqs, ks_, yks, c3, s3, s, hq, hk, p.nb1,
+            qs.stride(0), qs.stride(1), qs.stride(2), yqs.stride(0), yqs.stride(1), yqs.stride(2),
+            ks_.stride(0), ks_.stride(1), ks_.stride(2), yks.stride(0), yks.stride(1), yks.stride(2),
+            cb, c3.stride(1), sb, s3.stride(1), sign)
+    return grid, (half, interleaved, p, wide), args
+
+
 def _apply_site(half: int, interleaved: bool, p: RopeApplyLaunch, wide: bool) -> tuple:
-    """The bound-launch site of _rope_apply_kernel (FastKernel.at): every constexpr and num_warps;
-    rope_apply and its replay both build it here."""
+    """The bound-launch site of _rope_apply_kernel (FastKernel.at): every constexpr and num_warps."""
     return (half, interleaved, p.block_h1, p.block_h2, p.block_r, wide, p.num_warps)
 
 
@@ -110,26 +135,10 @@ def rope_apply(q, k, cos, sin, interleaved, rotary_dim, unsqueeze_dim, sign=1.0)
             y[..., rotary_dim:].copy_(x[..., rotary_dim:])
         ys.append(y)
     yq, yk = ys
-    if unsqueeze_dim == 2:  # [B, S, H, D] views
-        qs, ks_, yqs, yks = q, k, yq, yk
-    else:
-        qs, ks_, yqs, yks = q.transpose(1, 2), k.transpose(1, 2), yq.transpose(1, 2), yk.transpose(1, 2)
-    bsz, s, hq, _ = qs.shape
-    hk = ks_.shape[2]
-    if bsz * s == 0 or hq + hk == 0:
+    launch = _apply_launch(q, k, yq, yk, cos, sin, interleaved, rotary_dim, unsqueeze_dim, sign)
+    if launch is None:
         return yq, yk
-    c3 = cos if cos.dim() == 3 else cos.unsqueeze(0)
-    s3 = sin if sin.dim() == 3 else sin.unsqueeze(0)
-    cb = c3.stride(0) if c3.shape[0] > 1 else 0
-    sb = s3.stride(0) if s3.shape[0] > 1 else 0
-    half = rotary_dim // 2
-    p = rope_apply_policy(hq, hk, half)
-    span = max((h - 1) * abs(x.stride(2)) for h, x in ((hq, qs), (hk, ks_), (hq, yqs), (hk, yks)) if h) + 2 * half
-    grid, wide = (bsz * s, p.nb1 + p.nb2), span >= _INT32_SPAN
-    args = (qs, yqs, ks_, yks, c3, s3, s, hq, hk, p.nb1,
-            qs.stride(0), qs.stride(1), qs.stride(2), yqs.stride(0), yqs.stride(1), yqs.stride(2),
-            ks_.stride(0), ks_.stride(1), ks_.stride(2), yks.stride(0), yks.stride(1), yks.stride(2),
-            cb, c3.stride(1), sb, s3.stride(1), sign)
+    grid, (half, interleaved, p, wide), args = launch
     site = _apply_site(half, interleaved, p, wide)
     if not _apply.at(site, grid, *args):
         _apply(grid, *args, site=site, HALF=half, INTERLEAVED=interleaved, BLOCK_H1=p.block_h1,
@@ -145,26 +154,13 @@ def rope_apply_replay(q, k, cos, sin, interleaved, rotary_dim, unsqueeze_dim):
     runs). None here where this call is not replayed (a pass-through tail, an empty problem, the CPU)."""
     if not q.is_cuda or rotary_dim < q.shape[-1]:
         return None
-    yq, yk = torch.empty_like(q), torch.empty_like(k)  # the layout rope_apply gives its outputs
-    if unsqueeze_dim == 2:
-        qs, ks_, yqs, yks = q, k, yq, yk
-    else:
-        qs, ks_, yqs, yks = q.transpose(1, 2), k.transpose(1, 2), yq.transpose(1, 2), yk.transpose(1, 2)
-    bsz, s, hq, _ = qs.shape
-    hk = ks_.shape[2]
-    if bsz * s == 0 or hq + hk == 0:
+    # outputs of the layout rope_apply gives them, for their strides (same shapes and strides later)
+    launch = _apply_launch(q, k, torch.empty_like(q), torch.empty_like(k), cos, sin, interleaved, rotary_dim,
+                           unsqueeze_dim, 1.0)
+    if launch is None:
         return None
-    c3 = cos if cos.dim() == 3 else cos.unsqueeze(0)
-    s3 = sin if sin.dim() == 3 else sin.unsqueeze(0)
-    half = rotary_dim // 2
-    p = rope_apply_policy(hq, hk, half)
-    span = max((h - 1) * abs(x.stride(2)) for h, x in ((hq, qs), (hk, ks_), (hq, yqs), (hk, yks)) if h) + 2 * half
-    grid, wide = (bsz * s, p.nb1 + p.nb2), span >= _INT32_SPAN
-    tail = (s, hq, hk, p.nb1, qs.stride(0), qs.stride(1), qs.stride(2), yqs.stride(0), yqs.stride(1), yqs.stride(2),
-            ks_.stride(0), ks_.stride(1), ks_.stride(2), yks.stride(0), yks.stride(1), yks.stride(2),
-            c3.stride(0) if c3.shape[0] > 1 else 0, c3.stride(1), s3.stride(0) if s3.shape[0] > 1 else 0,
-            s3.stride(1), 1.0)
-    site = _apply_site(half, interleaved, p, wide)
+    grid, consts, args = launch
+    site, tail = _apply_site(*consts), args[6:]  # the six tensors come first
     at, empty_like = _apply.at, torch.empty_like
 
     def replay(q, k, cos, sin):
