@@ -104,6 +104,15 @@ def main() -> int:
     opt.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
     print(cprof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=55))
+    # the backward's CPU side likewise (the autograd engine's thread included)
+    loss = model(input_ids=ids, labels=ids).loss
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as bprof:
+        loss.backward()
+    opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    print("backward:")
+    print(bprof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=55))
     # the forward alone, by cumulative time (which module or op spends the forward's host time)
     pr = cProfile.Profile()
     pr.enable()

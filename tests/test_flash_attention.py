@@ -479,6 +479,53 @@ def test_auto_training_follows_the_train_row(monkeypatch):
     dispatch.clear_cache()
 
 
+@pytest.mark.parametrize("backend", ["auto", "reference", "triton"])
+def test_layout_bhsd_equals_bshd(backend, device):
+    """layout="bhsd" takes and returns [B, H, S, D]: the same values and gradients as the [B, S, H, D]
+    call on the same memory, and the same LSE."""
+    q, k, v = _qkv_grad(device, b=2, sq=21, sk=21)
+    try:
+        want = ks.flash_attention(q, k, v, causal=True, return_lse=True, backend=backend)
+    except ks.UnsupportedError as exc:
+        pytest.skip(f"{backend}: {exc.reason}")
+    got = ks.flash_attention(*(t.transpose(1, 2) for t in (q, k, v)), causal=True, return_lse=True,
+                             layout="bhsd", backend=backend)
+    assert got.out.shape == (2, 4, 21, 32)
+    assert torch.equal(got.out.transpose(1, 2), want.out) and torch.equal(got.lse, want.lse)
+    cot = torch.randn_like(want.out)
+    for a, b in zip(torch.autograd.grad(want.out, (q, k, v), cot),
+                    torch.autograd.grad(got.out, (q, k, v), cot.transpose(1, 2))):
+        assert torch.equal(a, b)
+
+
+def test_layout_errors(device):
+    q, k, v = _qkv_grad(device)
+    with pytest.raises(ks.ArgumentError, match="layout"):
+        ks.flash_attention(q, k, v, layout="nhd")
+    with pytest.raises(ks.ArgumentError, match=r"'q'.*4-D"):
+        ks.flash_attention(q[0], k, v, layout="bhsd")  # (named argument and rank)
+
+
+def test_training_through_sdpa_bhsd_records_no_transpose(monkeypatch):
+    """A training call SDPA runs with layout="bhsd" hands the caller's tensors to SDPA: the output's
+    grad_fn is SDPA's own node (no TransposeBackward of ours above or below it), and the gradients
+    equal the [B, S, H, D] call's."""
+    _train_table(monkeypatch, ["sdpa_flash", "triton", "reference"])
+    q, k, v = _qkv_grad("cpu")
+    qh, kh, vh = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
+    out = ks.flash_attention(qh, kh, vh, causal=True, layout="bhsd")
+    name = type(out.grad_fn).__name__
+    assert "Attention" in name and "Transpose" not in name, name
+    assert all("Transpose" not in type(f).__name__ for f, _ in out.grad_fn.next_functions if f is not None)
+    want = ks.flash_attention(q, k, v, causal=True)
+    assert rel_err(out.transpose(1, 2), want) < 1e-6
+    cot = torch.randn_like(want)
+    for a, b in zip(torch.autograd.grad(out, (qh, kh, vh), cot.transpose(1, 2)),
+                    torch.autograd.grad(want, (q, k, v), cot)):
+        assert rel_err(a.transpose(1, 2), b) < 1e-6
+    dispatch.clear_cache()
+
+
 def test_compile_fullgraph_training_through_sdpa(monkeypatch):
     _train_table(monkeypatch, ["sdpa_flash", "triton"])
     q, k, v = _qkv_grad("cpu")
@@ -576,6 +623,35 @@ def test_gpu_sdpa_direct_call_equals_f_sdpa(backend, shape, monkeypatch):
     pinned = ks.flash_attention(q, k, v, backend=backend)
     assert torch.equal(direct, pinned)
     _close(direct, _ref(q.float(), k.float(), v.float(), causal=False)[0], torch.bfloat16, False, backend)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["sdpa_cudnn", "sdpa_flash"])
+@pytest.mark.parametrize("hkv", [8, 2], ids=["mha", "gqa"])
+def test_gpu_sdpa_training_direct_equals_f_sdpa(backend, hkv, monkeypatch):
+    """A training call through SDPA's kernel op directly (no sdpa_kernel context) gives
+    F.scaled_dot_product_attention's output and gradients bit for bit, in both layouts."""
+    b, s, hq, d = 2, 300, 8, 64
+    base = [torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for h in (hq, hkv, hkv)]
+    cot = torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16)
+    res = []
+    for direct in (True, False):
+        monkeypatch.setattr(BK, "_DIRECT_SDPA", direct)
+        for layout in ("bshd", "bhsd"):
+            q, k, v = (t.clone().requires_grad_() for t in base)
+            ins = (q, k, v) if layout == "bshd" else tuple(t.transpose(1, 2) for t in (q, k, v))
+            try:
+                out = ks.flash_attention(*ins, causal=True, layout=layout, backend=backend)
+            except ks.UnsupportedError as exc:
+                pytest.skip(f"{backend} cannot run here: {exc.reason}")
+            out = out if layout == "bshd" else out.transpose(1, 2)
+            res.append((out.detach(), *torch.autograd.grad(out, (q, k, v), cot)))
+    for other in res[1:]:
+        for a, e in zip(res[0], other):
+            assert torch.equal(a, e)
+    ref_ins = [t.float().requires_grad_() for t in base]
+    want = _ref(*ref_ins, causal=True)[0]
+    _close(res[0][0], want, torch.bfloat16, False, backend)
 
 
 @pytest.mark.gpu

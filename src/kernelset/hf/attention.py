@@ -3,8 +3,8 @@
 Registered through transformers' ``AttentionInterface`` with the FlashAttention mask function (None
 unless there is padding), so prefill and cached decode both come here:
 
-- no padding (the mask function returns None): ``flash_attention(causal, window, softcap, sinks)``
-  on q ``[B, Sq, H, D]`` and the cache's k/v views, prefill and decode alike (kernelset's causal
+- no padding (the mask function returns None): ``flash_attention(causal, window, softcap, sinks,
+  layout="bhsd")`` on q ``[B, H, Sq, D]`` and the cache's k/v, prefill and decode alike (kernelset's causal
   mask and window are bottom-right aligned, as transformers' are with a cache);
 - padding or dropout in training: transformers' own SDPA (eager with softcap or sinks) with an
   explicit mask, counted as ``attention_fallback``.
@@ -68,10 +68,12 @@ def make_attention(ops: Any):
         # one query token with the mask aligned to the last key sees every key: not causal, which
         # lets the dispatcher take SDPA's decode kernels (cuDNN rejects bottom-right causal masks)
         causal = bool(getattr(module, "is_causal", True)) and query.shape[2] > 1
-        out = ops.flash_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal,
-                                  scale=scaling, window=window, softcap=softcap or 0.0, sinks=sinks)
+        # q, k, v as transformers holds them ([B, H, S, D]): a training call through SDPA then records
+        # no transposes of ours; the output comes back [B, H, S, D] over [B, S, H, D] memory
+        out = ops.flash_attention(query, key, value, causal=causal, scale=scaling, window=window,
+                                  softcap=softcap or 0.0, sinks=sinks, layout="bhsd")
         out = out[0] if isinstance(out, tuple) else out
-        return out, None
+        return out.transpose(1, 2), None
     return attention
 
 

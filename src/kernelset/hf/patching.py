@@ -71,13 +71,17 @@ _DISPATCH_ARGS: dict[str, Callable[..., tuple]] = {
     "apply_rotary": lambda q, k, cos, sin, **kw: (q, k, cos, sin),
     "embedding": lambda ids, weight, **kw: (ids, weight),
     "cross_entropy": lambda logits, target, **kw: (logits.reshape(-1, logits.shape[-1]), target.reshape(-1)),
-    "flash_attention": lambda q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, sinks=None, **kw: (
-        q, k, v, None, None, {"causal": causal, "window": window, "softcap": softcap, "sinks": sinks,
-                              "need_lse": False, "max_seqlen_q": q.shape[1], "max_seqlen_k": k.shape[1],
-                              "request": AUTO}),
+    "flash_attention": lambda q, k, v, *, layout="bshd", **kw: _attention_args(
+        *((q, k, v) if layout == "bshd" else (t.transpose(1, 2) for t in (q, k, v))), **kw),
     "linear_cross_entropy": lambda hidden, weight, target, **kw: (hidden.reshape(-1, hidden.shape[-1]), weight,
                                                                   target.reshape(-1).contiguous()),
 }
+
+
+def _attention_args(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, sinks=None, **kw) -> tuple:
+    return (q, k, v, None, None, {"causal": causal, "window": window, "softcap": softcap, "sinks": sinks,
+                                  "need_lse": False, "max_seqlen_q": q.shape[1], "max_seqlen_k": k.shape[1],
+                                  "request": AUTO})
 
 
 class CountingOps:

@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from ...core import checks, dispatch
-from ...core.autograd import AutogradSpec, EagerAutograd, needs_grad
+from ...core.autograd import AutogradSpec, apply, needs_grad
 from ...core.enums import AUTO, Backend, KsEnum
 from ...core.errors import ArgumentError
 from . import backends  # noqa: F401  (declares the ops and registers their implementations)
@@ -38,7 +38,7 @@ def _run(op: str, x: torch.Tensor, up: torch.Tensor | None, kind: str, layout: s
     if torch.compiler.is_compiling():
         return torch.ops.kernelset.act(x, up, kind, layout, alpha, limit, op, str(backend))
     if needs_grad(x, up):
-        return EagerAutograd.apply(_ACT, x, up, kind, layout, alpha, limit, op, str(backend))
+        return apply(_ACT, x, up, kind, layout, alpha, limit, op, str(backend))
     return dispatch.select(op, backend, (x, up), {}).forward(x, up, kind, layout, alpha, limit)
 
 

@@ -18,7 +18,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from ...core import checks, config, dispatch, registry
-from ...core.autograd import AutogradSpec, EagerAutograd, needs_grad
+from ...core.autograd import AutogradSpec, apply, needs_grad
 from ...core.enums import AUTO, Backend
 from ...core.errors import ArgumentError, UnsupportedError
 from ...core.registry import Impl
@@ -366,7 +366,11 @@ def _static(*ts: torch.Tensor) -> bool:
     return all(type(n) is int for t in ts for n in (*t.shape, *t.stride()))
 
 
-def _run(op, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, left, right, softcap, sinks, return_lse, backend):
+def _run(op, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, left, right, softcap, sinks, return_lse, backend,
+         heads=None):
+    """``heads``: the caller's q, k, v ``[B, H, S, D]`` (layout="bhsd"; q, k, v are their [B, S, H, D]
+    views): SDPA's training path takes them as they are, the others take the views, and the output
+    is returned ``[B, H, S, D]``."""
     train = needs_grad(q, k, v, sinks) and not return_lse
     if train and cu_q is None:
         if not torch.compiler.is_compiling():
@@ -380,21 +384,23 @@ def _run(op, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, left, right, soft
         else:
             sdpa = None
         if sdpa:
-            return backends.sdpa_train(sdpa, q, k, v, causal, scale)
+            return backends.sdpa_train(sdpa, q, k, v, causal, scale, heads)
     need_lse = bool(return_lse) or needs_grad(q, k, v, sinks)
     args = (q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, left, right, softcap, sinks, need_lse, op, backend)
     if torch.compiler.is_compiling():
         out, lse = torch.ops.kernelset.flash_attention(*args)
     elif needs_grad(q, k, v, sinks):
-        out, lse = EagerAutograd.apply(_FLASH, *args)
+        out, lse = apply(_FLASH, *args)
     else:
         out, lse = _flash_fwd(*args)
+    if heads is not None:
+        out = out.transpose(1, 2)
     return AttentionOutput(out, lse) if return_lse else out
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                     scale: float | None = None, window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                    sinks: torch.Tensor | None = None, return_lse: bool = False,
+                    sinks: torch.Tensor | None = None, return_lse: bool = False, layout: str = "bshd",
                     backend: Backend | str = AUTO) -> torch.Tensor | AttentionOutput:
     """out = softmax(scale * q K^T) V per batch and head (FlashAttention's interface), fp32 accumulation.
 
@@ -406,14 +412,23 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     visible key gets out 0 and lse -inf (the sink's logit with sinks). Differentiable in q, k, v
     and sinks. Returns out ``[B, Sq, Hq, Dv]``, or with ``return_lse`` (out, lse ``[B, Hq, Sq]``
     fp32, natural log; FlashAttention's layout).
+    ``layout="bhsd"``: q, k, v and out are ``[B, H, S, D]`` instead (SDPA's and transformers' layout;
+    out is then a view of ``[B, Sq, Hq, Dv]`` memory where the kernel writes that). A training call
+    that SDPA runs then takes the tensors as they are: no transpose enters the autograd graph.
     """
     op = "flash_attention"
-    _check_qkv(op, q, k, v, 4, "[B, S, H, D]")
+    heads = None
+    if layout != "bshd":
+        if layout != "bhsd":
+            raise ArgumentError(op, "layout", '"bshd" ([B, S, H, D]) or "bhsd" ([B, H, S, D])', repr(layout))
+        heads = (q, k, v)
+        q, k, v = (t.transpose(1, 2) if isinstance(t, torch.Tensor) and t.dim() == 4 else t for t in heads)
+    _check_qkv(op, q, k, v, 4, "[B, S, H, D]" if heads is None else "[B, H, S, D]")
     if k.shape[0] != q.shape[0]:
         raise ArgumentError(op, "k", f"of q's batch size {q.shape[0]}", f"shape {tuple(k.shape)}")
     scale, softcap, left, right = _options(op, q, scale, softcap, window, sinks)
     return _run(op, q, k, v, None, None, q.shape[1], k.shape[1], bool(causal), scale, left, right, softcap, sinks,
-                return_lse, _request(op, backend))
+                return_lse, _request(op, backend), heads)
 
 
 def _check_cu(op, cu_q, cu_k, max_q, max_k, q, k, check_bounds):

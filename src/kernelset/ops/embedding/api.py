@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ...core import checks, dispatch
-from ...core.autograd import AutogradSpec, EagerAutograd, needs_grad
+from ...core.autograd import AutogradSpec, apply, needs_grad
 from ...core.enums import AUTO, Backend
 from ...core.errors import ArgumentError
 from . import backends  # noqa: F401  (declares the op and registers its implementations)
@@ -36,7 +36,7 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor, *, check_ids: bool = True
     if compiling:
         return torch.ops.kernelset.embedding(ids, weight, str(backend))
     if needs_grad(weight):
-        return EagerAutograd.apply(_SPEC, ids, weight, str(backend))
+        return apply(_SPEC, ids, weight, str(backend))
     return dispatch.select(op, backend, (ids, weight), {}).forward(ids, weight)
 
 

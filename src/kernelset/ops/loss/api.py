@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ...core import checks, dispatch
-from ...core.autograd import AutogradSpec, EagerAutograd, needs_grad
+from ...core.autograd import AutogradSpec, apply, needs_grad
 from ...core.enums import AUTO, Backend, KsEnum
 from ...core.errors import ArgumentError
 from . import backends  # noqa: F401  (declares the op and registers its implementations)
@@ -46,7 +46,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     if torch.compiler.is_compiling():
         loss = torch.ops.kernelset.cross_entropy(*args, logits.requires_grad, str(backend))[0]
     elif needs_grad(logits):
-        loss = EagerAutograd.apply(_SPEC, *args, True, str(backend))[0]
+        loss = apply(_SPEC, *args, True, str(backend))[0]
     else:
         loss = dispatch.select(op, backend, (x2, t2), {}).forward(*args, False)[0]
     return loss.reshape(target.shape) if red == "none" else loss

@@ -32,7 +32,7 @@ import torch
 from ...core import checks, dispatch
 from ...core.alloc import empty
 from ...core.arch import ArchRange, device_arch, sm_count
-from ...core.autograd import AutogradSpec, EagerAutograd, needs_grad
+from ...core.autograd import AutogradSpec, apply, needs_grad
 from ...core.enums import AUTO, Backend
 from ...core.errors import ArgumentError
 from ...core.registry import BenchCase, Cost, Impl, OpSpec, Problem, declare_op, register_impl
@@ -261,7 +261,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     if torch.compiler.is_compiling():
         loss = torch.ops.kernelset.linear_cross_entropy(*args, nh, nw, nb, str(backend), None)[0]
     elif needs_grad(hidden, weight, bias):
-        loss = EagerAutograd.apply(_SPEC, *args, nh, nw, nb, str(backend), None)[0]
+        loss = apply(_SPEC, *args, nh, nw, nb, str(backend), None)[0]
     else:
         loss = dispatch.select(op, backend, (h2, weight, t2), {}).forward(*args, False, False, False)[0]
     return loss.reshape(target.shape) if red == "none" else loss

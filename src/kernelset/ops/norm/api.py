@@ -17,7 +17,7 @@ import torch
 
 from ...core import checks, config, dispatch
 from ...core.alloc import empty_like
-from ...core.autograd import AutogradSpec, EagerAutograd, needs_grad
+from ...core.autograd import AutogradSpec, apply, needs_grad
 from ...core.enums import AUTO, Backend, KsEnum
 from ...core.errors import ArgumentError
 from . import backends  # noqa: F401  (declares the ops and registers their implementations)
@@ -100,7 +100,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, *, eps: float 
     if torch.compiler.is_compiling():
         return torch.ops.kernelset.rms_norm(x, weight, eps, offset, gemma, str(backend), torch_order)[0]
     if needs_grad(x, weight):
-        return EagerAutograd.apply(_RMS, x, weight, eps, offset, gemma, str(backend), torch_order)[0]
+        return apply(_RMS, x, weight, eps, offset, gemma, str(backend), torch_order)[0]
     impl = dispatch.select(op, backend, (x, weight), _TORCH_ORDER if torch_order else _NO_KW)
     y = impl.forward(x, weight, eps, offset, gemma, False, torch_order)[0]
     # kept once per key (a replay refused by alignment keeps its entry: the full call rebound its site)
@@ -236,7 +236,7 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
         y, h, _ = torch.ops.kernelset.fused_add_rms_norm(x, residual, weight, eps, offset, gemma, str(backend))
         return AddNormOutput(y, h)
     if needs_grad(x, residual, weight):
-        y, h, _ = EagerAutograd.apply(_ADD, x, residual, weight, eps, offset, gemma, str(backend))
+        y, h, _ = apply(_ADD, x, residual, weight, eps, offset, gemma, str(backend))
         return AddNormOutput(y, h)
     y, h, _ = dispatch.select(op, backend, (x, residual, weight), {}).forward(
         x, residual, weight, eps, offset, gemma, False, False)
@@ -303,7 +303,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.
     if torch.compiler.is_compiling():
         return torch.ops.kernelset.layer_norm(x, weight, bias, eps, str(backend))[0]
     if needs_grad(x, weight, bias):
-        return EagerAutograd.apply(_LN, x, weight, bias, eps, str(backend))[0]
+        return apply(_LN, x, weight, bias, eps, str(backend))[0]
     return dispatch.select(op, backend, (x, weight, bias), {}).forward(x, weight, bias, eps, False)[0]
 
 

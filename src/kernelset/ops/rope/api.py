@@ -7,7 +7,7 @@ from typing import Any, NamedTuple, Optional, Sequence
 import torch
 
 from ...core import checks, config, dispatch
-from ...core.autograd import AutogradSpec, EagerAutograd, needs_grad
+from ...core.autograd import AutogradSpec, apply, needs_grad
 from ...core.enums import AUTO, Backend, KsEnum
 from ...core.errors import ArgumentError
 from . import backends  # noqa: F401  (declares the ops and registers their implementations)
@@ -151,7 +151,7 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     if torch.compiler.is_compiling():
         return RotatedQK(*torch.ops.kernelset.apply_rotary(*args, str(backend)))
     if needs_grad(q, k):
-        return RotatedQK(*EagerAutograd.apply(_APPLY, *args, str(backend)))
+        return RotatedQK(*apply(_APPLY, *args, str(backend)))
     impl = dispatch.select(op, backend, (q, k, cos, sin), {})
     out = RotatedQK(*impl.forward(*args, 1.0))
     if key is not None and impl.backend is Backend.TRITON and key not in _APPLY_EAGER:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ...core import checks, dispatch
-from ...core.autograd import AutogradSpec, EagerAutograd, needs_grad
+from ...core.autograd import AutogradSpec, apply, needs_grad
 from ...core.enums import AUTO, Backend
 from ...core.errors import ArgumentError, ArgumentTypeError
 from . import backends  # noqa: F401  (declares the ops and registers their implementations)
@@ -34,7 +34,7 @@ def _run(op: str, x: torch.Tensor, dim: int, temperature: float, out_dtype: torc
     elif torch.compiler.is_compiling():
         y = torch.ops.kernelset.softmax(xt, temperature, log, out_dtype, op, str(backend))
     elif needs_grad(x):
-        y = EagerAutograd.apply(_SPEC, xt, temperature, log, out_dtype, op, str(backend))
+        y = apply(_SPEC, xt, temperature, log, out_dtype, op, str(backend))
     else:
         y = dispatch.select(op, backend, (xt,), {}).forward(xt, temperature, log, out_dtype)
     return y if last else y.movedim(-1, dim)

@@ -1,0 +1,47 @@
+"""core.autograd.apply: the C entry of autograd.Function, Function.apply's Python layer skipped only
+where that layer does nothing (no functorch transform active, no functorch-wrapped argument)."""
+from __future__ import annotations
+
+import torch
+
+import kernelset as ks
+from kernelset.core import autograd
+from kernelset.ops.norm import api as norm_api
+
+
+def _rms_args(x, w):
+    return (x, w, 1e-6, 0.0, False, "reference", False)
+
+
+def test_apply_matches_function_apply():
+    g = torch.Generator().manual_seed(0)
+    x0, w0 = torch.randn(4, 32, generator=g), torch.randn(32, generator=g)
+    dy = torch.randn(4, 32, generator=g)
+    res = []
+    for entry in (autograd.apply, autograd.EagerAutograd.apply):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        y = entry(norm_api._RMS, *_rms_args(x, w))[0]
+        assert y.grad_fn is not None and "EagerAutograd" in type(y.grad_fn).__name__
+        y.backward(dy)
+        res.append((y.detach(), x.grad, w.grad))
+    for a, b in zip(*res):
+        assert torch.equal(a, b)
+
+
+def test_apply_defers_to_function_apply_under_functorch(monkeypatch):
+    calls = []
+    real = autograd.EagerAutograd.apply
+
+    def spy(*args):
+        calls.append(len(args))
+        return real(*args)
+    monkeypatch.setattr(autograd.EagerAutograd, "apply", spy)
+    x = torch.randn(3, 16)
+    w = torch.randn(16)
+    ks.rms_norm(x.requires_grad_(), w, backend="reference").sum().backward()  # the C entry: no spy call
+    assert calls == []
+    try:  # Function.apply's own answer under a transform (EagerAutograd defines no setup_context)
+        torch.func.grad(lambda t: ks.rms_norm(t, w, backend="reference").sum())(x.detach())
+    except RuntimeError as e:
+        assert "setup_context" in str(e)
+    assert calls, "under torch.func.grad the call must go through Function.apply"
