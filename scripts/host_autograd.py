@@ -66,7 +66,7 @@ def hf_attn(q, k, v):  # transformers' sdpa_attention_forward, causal, no mask, 
 
 
 def ks_attn(q, k, v):  # as kernelize's attention function calls it ([B, H, S, D] in, [B, S, H, D] out)
-    return ks.flash_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+    return ks.flash_attention(q, k, v, causal=True, layout="bhsd").transpose(1, 2)
 
 
 def hf_mlp(x):
