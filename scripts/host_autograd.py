@@ -118,6 +118,7 @@ CASES = {
     "aten cuDNN attention op direct": lambda: _cudnn_direct(q, k, v),
     "MLP: 3 linears + ks.swiglu": lambda: ks_mlp(x),
     "MLP: 3 linears + silu * up (HF)": lambda: hf_mlp(x),
+    "MLP: ks.gated_mlp (one node)": lambda: ks.gated_mlp(x, wg, wu, wd),
 }
 
 

@@ -161,7 +161,7 @@ def test_explain_and_catalog(device):
     exp = ks.explain("silu_and_mul", x, verbose=False)
     assert exp.chosen is not None and [str(c.backend) for c in exp.candidates][-1] == "reference"
     names = {e.name for e in ks.catalog() if e.spec.family == "activation"}
-    assert names == {"silu_and_mul", "gelu_and_mul", "swiglu", "gelu", "swiglu_oai"}
+    assert names == {"silu_and_mul", "gelu_and_mul", "swiglu", "gelu", "swiglu_oai", "gated_mlp"}
 
 
 def test_compile_fullgraph_with_backward(device):

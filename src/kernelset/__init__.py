@@ -11,7 +11,7 @@ from __future__ import annotations
 from .core import AUTO, ArgumentError, ArgumentTypeError, Backend, KernelsetError, UnsupportedError, config
 from .core.dispatch import Explanation, explain
 from .core.registry import catalog
-from .ops.activation import GeluApprox, gelu, gelu_and_mul, silu_and_mul, swiglu, swiglu_oai
+from .ops.activation import GeluApprox, gated_mlp, gelu, gelu_and_mul, silu_and_mul, swiglu, swiglu_oai
 from .ops.embedding import embedding
 from .ops.loss import Reduction, cross_entropy
 from .ops.loss import linear_cross_entropy
@@ -33,7 +33,7 @@ __all__ = [
     "KernelsetError", "NormCast", "Reduction", "RotaryOutput", "RotatedQK", "UnsupportedError", "__version__", "catalog", "config", "explain",
     "cross_entropy", "embedding", "fused_add_rms_norm", "gelu", "gelu_and_mul", "layer_norm", "log_softmax", "rms_norm", "rotary_embedding", "silu_and_mul", "softmax",
     "mrope", "qk_norm_rope", "rope_cache", "QKNormCast", "RopeCache",
-    "swiglu", "swiglu_oai",
+    "swiglu", "swiglu_oai", "gated_mlp",
     "linear_cross_entropy",
     "optim", "clip_grad_norm_",
     "AttentionOutput", "merge_attn_states", "paged_attention", "copy_blocks", "reshape_and_cache", "swap_blocks",

@@ -16,7 +16,9 @@ Rules (in the order they are tried on a module):
   (Llama: before the weight; Gemma/OLMo-2/gpt-oss: after), from a bf16 and an fp32 copy with
   random weights. Covers per-head q/k norms (Qwen3, Gemma 3) and MLA's latent norms.
 - ``gated_mlp``: ``gate_proj``/``up_proj``/``down_proj`` -> ``down(act(gate(x)) * up(x))`` with
-  ``swiglu`` (SiLU) or ``gelu_and_mul`` on the two projections; ``gate_up_proj``/``down_proj``
+  ``swiglu`` (SiLU) or ``gelu_and_mul`` on the two projections; a call recording gradients runs
+  ``gated_mlp`` instead (the three products and the activation as one autograd node) where the
+  projections are plain bias-free ``nn.Linear`` without hooks and ``ops`` allows it; ``gate_up_proj``/``down_proj``
   (Phi-3's fused projection, gate first) -> ``silu_and_mul`` / ``gelu_and_mul``.
 - ``experts_gate``: an MoE experts module's ``_apply_gate`` (transformers' experts interface):
   concatenated gate/up -> ``silu_and_mul``/``gelu_and_mul``, gpt-oss's interleaved clamped gate
@@ -193,9 +195,27 @@ def _fused_candidate(m: nn.Module) -> bool:
     return _linear(m, "gate_up_proj") and _linear(m, "down_proj") and act_of(m) is not None
 
 
+_MLP_ACTIVATION = {"silu": "silu", "tanh": "gelu_tanh", "none": "gelu"}  # ACT_KINDS -> gated_mlp's names
+
+
+def _plain_linears(m: nn.Module) -> bool:
+    """gate/up/down are bias-free nn.Linear children without hooks: gated_mlp may read their weights
+    directly instead of calling them."""
+    lins = (m.gate_proj, m.up_proj, m.down_proj)
+    return all(type(lin) is nn.Linear and lin.bias is None and not lin._forward_hooks and not lin._forward_pre_hooks
+               for lin in lins)
+
+
 def _split_build(kind: str) -> Build:
     def build(m: nn.Module, ops: Any) -> Callable:
+        fused = _plain_linears(m) and _allows(ops, "gated_mlp")
+
         def forward(x: torch.Tensor) -> torch.Tensor:
+            # a training call: the three products and the activation as one autograd node
+            # (gated_mlp), ~6 fewer nodes per layer to record and run on the host
+            if fused and torch.is_grad_enabled() and (x.requires_grad or m.down_proj.weight.requires_grad):
+                return ops.gated_mlp(x, m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight,
+                                     activation=_MLP_ACTIVATION[kind])
             gate, up = m.gate_proj(x), m.up_proj(x)
             if kind == "silu":
                 h = ops.swiglu(gate, up)
@@ -205,6 +225,12 @@ def _split_build(kind: str) -> Build:
             return m.down_proj(h)
         return forward
     return build
+
+
+def _allows(ops: Any, name: str) -> bool:
+    """Whether the kernelize call lets the replacement use op ``name`` (``ops=`` limits them)."""
+    allowed = getattr(ops, "allowed", None)
+    return allowed is None or name in allowed
 
 
 def _adjacent_halves(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:

@@ -65,6 +65,7 @@ _DISPATCH_ARGS: dict[str, Callable[..., tuple]] = {
     "rms_norm": lambda x, weight=None, *, torch_order=False, **kw: (x, weight, {"torch_order": torch_order}),
     "layer_norm": lambda x, weight=None, bias=None, **kw: (x, weight, bias),
     "swiglu": lambda gate, up, **kw: (gate, up),
+    "gated_mlp": lambda x, w_gate, w_up, w_down, **kw: (x.reshape(-1, x.shape[-1]), w_gate, w_up, w_down),
     "silu_and_mul": lambda x, **kw: (x, None),
     "gelu_and_mul": lambda x, **kw: (x, None),
     "swiglu_oai": lambda x, **kw: (x, None),
@@ -91,6 +92,7 @@ class CountingOps:
     dispatcher's own cached choice, so the count costs a dict update per call."""
 
     def __init__(self) -> None:
+        self.allowed: frozenset[str] | None = None  # kernelize's ``ops``: the ops replacements may use
         self.counts: collections.Counter[str] = collections.Counter()
         self.backends: dict[str, set[str]] = collections.defaultdict(set)
         self._seen: set[tuple] = set()
@@ -653,6 +655,7 @@ def kernelize(model: nn.Module, *, mode: Mode | str = Mode.INFERENCE,
         raise ValueError("kernelize: merge_projections=True is for mode='inference' (a training forward needs "
                          "each projection's own GEMM for its weight gradient)")
     handle = Kernelized(model, mode)
+    handle.ops.allowed = wanted
     try:
         if merge_projections:
             _merge_projections(handle, model)

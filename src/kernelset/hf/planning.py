@@ -207,6 +207,9 @@ def _example(op: str, shape: dict[str, int], dt: torch.dtype) -> tuple | None:
         return _meta(t, 2 * shape["inter"], dtype=dt), None
     if op == "swiglu":
         return _meta(t, shape["inter"], dtype=dt), _meta(t, shape["inter"], dtype=dt)
+    if op == "gated_mlp":
+        i = shape["inter"]
+        return _meta(t, h, dtype=dt), _meta(i, h, dtype=dt), _meta(i, h, dtype=dt), _meta(h, i, dtype=dt)
     if op == "apply_rotary":
         return (_meta(1, shape["heads"], t, shape["dim"], dtype=dt), _meta(1, shape["kv_heads"], t, shape["dim"], dtype=dt),
                 _meta(1, t, shape["rot"], dtype=dt), _meta(1, t, shape["rot"], dtype=dt))
@@ -497,7 +500,13 @@ def plan(model: str | dict, *, gpu: str | GPU = "h100", dtype: str = "bf16", mod
         f.activation)
     if f.traits.get("fused_gate_up") and f.activation == "silu":
         act_op = "silu_and_mul"
-    if dense_layers:
+    fused_mlp = (mode == "training" and not f.traits.get("fused_gate_up")
+                 and f.activation in ("silu", "gelu_tanh", "gelu") and _has("gated_mlp"))
+    if dense_layers and fused_mlp:
+        row(f"MLP gate/up/down + {f.activation}", "gated_mlp", f"[{T}, {H}] x [{H}, {f.intermediate}]",
+            dense_layers, {"tokens": T, "hidden": H, "inter": f.intermediate},
+            f"one autograd node (kernelize's training calls); GEMMs cuBLAS in {gemm}")
+    elif dense_layers:
         row("MLP gate/up + down projections", None, f"[{T}, {H}] x [{H}, 2x{f.intermediate}]", 2 * dense_layers,
             note=f"GEMMs in {gemm}" + ("" if f.traits.get("fused_gate_up")
                                        else "; kernelize merges gate/up into one GEMM for inference"))

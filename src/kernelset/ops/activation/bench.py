@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ...bench.adapter import BenchAdapter, compiled, runner
-from . import api
+from . import api, mlp
 from . import reference as R
 
 
@@ -96,6 +96,38 @@ def _liger_args(args, halves):
     return x[..., :i], x[..., i:]
 
 
+def _mlp_inputs(shape, dtype, device, mode):
+    """(M, H, I); a 2-D shape (rows, hidden) takes an intermediate size of 64 (the verifier's and
+    ``ksctl plan``'s example calls). Weights scaled by 1/sqrt(fan-in), as initialised models are."""
+    m, h = shape[0], shape[1]
+    i = shape[2] if len(shape) > 2 else 64
+    grad = mode != "fwd"
+    x = torch.randn(m, h, dtype=dtype, device=device, requires_grad=grad)
+    ws = [(torch.randn(o, n, device=device) / n ** 0.5).to(dtype).requires_grad_(grad)
+          for o, n in ((i, h), (i, h), (h, i))]
+    wrt = (x, *ws)
+    cot = (torch.randn(m, h, dtype=dtype, device=device),) if grad else ()
+    names = ("y",) if not grad else ("y", "dx", "dw_gate", "dw_up", "dw_down")
+    return {"x": x, "wrt": wrt, "cot": cot, "names": names}
+
+
+def _eager_mlp(x, wg, wu, wd):  # transformers' LlamaMLP
+    return F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd)
+
+
+def _mlp_reference(inp, mode):
+    return _reference(lambda x, wg, wu, wd: (R.act(x @ wg.t(), "silu") * (x @ wu.t())) @ wd.t(), inp, mode)
+
+
+_MLP = BenchAdapter(
+    inputs=_mlp_inputs,
+    ours=lambda inp, mode, backend: runner(lambda: mlp.gated_mlp(*inp["wrt"], backend=backend), inp, mode),
+    peers=lambda inp, mode: {"torch-eager": runner(lambda: _eager_mlp(*inp["wrt"]), inp, mode),
+                             "torch.compile": runner(lambda: compiled(_eager_mlp)(*inp["wrt"]), inp, mode)},
+    reference=_mlp_reference,
+    args=lambda inp: tuple(inp["wrt"]),
+)
+
 ADAPTERS = {
     "silu_and_mul": _adapter(api.silu_and_mul, _eager_silu_mul, R.autograd_ref("silu", "halves"), halves=True,
                              liger=("swiglu", "LigerSiLUMulFunction")),
@@ -104,4 +136,5 @@ ADAPTERS = {
                        liger=("swiglu", "LigerSiLUMulFunction")),
     "gelu": _adapter(api.gelu, _eager_gelu, R.autograd_ref("gelu", "single")),
     "swiglu_oai": _adapter(api.swiglu_oai, _eager_oai, lambda x: R.swiglu_oai(x, 1.702, 7.0), halves=True),
+    "gated_mlp": _MLP,
 }
