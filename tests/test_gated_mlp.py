@@ -52,6 +52,8 @@ def test_bf16_forward_is_the_module_s_rounding(device):
     summation (the same cuBLAS products on a GPU: equal there, see the GPU test)."""
     x = torch.randn(3, 9, 64, device=device, dtype=torch.bfloat16)
     ws = _weights(64, 128, 64, torch.bfloat16, device, grad=False)
+    if str(ks.explain("gated_mlp", x.view(-1, 64), *ws, verbose=False).chosen) == "reference":
+        pytest.skip("the fp32 reference rounds once, not as the module does")
     y = ks.gated_mlp(x, *ws)
     assert rel_err(y, _hf(x, *ws, "silu")) < 4e-3
 

@@ -94,12 +94,15 @@ def ref_fwd(x2, w_gate, w_up, w_down, activation):
 
 
 def ref_bwd(dy2, x2, w_gate, w_up, w_down, g, u, h, activation, needs):
-    """Gradients of the fp32 math, recomputed with torch autograd (g, u, h unused)."""
-    with torch.enable_grad():
-        ins = [t.detach().float().requires_grad_() for t in (x2, w_gate, w_up, w_down)]
-        xf, wg, wu, wd = ins
-        y = (ref.act(xf @ wg.t(), activation) * (xf @ wu.t())) @ wd.t()
-        grads = torch.autograd.grad(y, ins, dy2.float())
+    """Gradients of the fp32 math by the explicit formulas (no autograd: this also runs inside the
+    custom op, where autograd does not record); g, u, h recomputed in fp32."""
+    xf, wg, wu, wd, dyf = (t.float() for t in (x2, w_gate, w_up, w_down, dy2))
+    gf = xf @ wg.t()
+    uf = xf @ wu.t()
+    a, da = ref._dact(gf, activation)
+    dh = dyf @ wd
+    dg, du = dh * uf * da, dh * a
+    grads = (dg @ wg + du @ wu, dg.t() @ xf, du.t() @ xf, dyf.t() @ (a * uf))
     return tuple(gr.to(t.dtype) if n else None for gr, t, n in zip(grads, (x2, w_gate, w_up, w_down), needs))
 
 
