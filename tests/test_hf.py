@@ -273,6 +273,19 @@ def _train_three_steps(m0, m1, handle):
     assert counts.get("linear_cross_entropy", 0) + counts.get("cross_entropy", 0) == 3
 
 
+def test_training_forward_builds_no_cache():
+    """A labelled training forward through the fused LM head + loss passes use_cache=False unless the
+    caller asked for a cache (transformers would otherwise copy every layer's k, v into one)."""
+    model = tiny_model("llama").train()
+    ids = torch.randint(0, 128, (1, 8), device=DEVICE)
+    with kernelize(model, mode="training"):
+        assert model(input_ids=ids, labels=ids).past_key_values is None
+        assert model(input_ids=ids, labels=ids, use_cache=True).past_key_values is not None
+        with torch.no_grad():
+            model.eval()
+            assert model(input_ids=ids, labels=ids).past_key_values is not None  # evaluation: the default
+
+
 def test_training_mode_keeps_forward_only_ops_out():
     model = tiny_model("gpt_oss")
     with kernelize(model, mode=Mode.TRAINING) as handle:

@@ -533,8 +533,16 @@ def _lce_forward(model: nn.Module, ops: Any, original: Callable) -> Callable:
                             past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
                             logits_to_keep=logits_to_keep, **kwargs)
         num_items = kwargs.pop("num_items_in_batch", None)
+        if use_cache is None and past_key_values is None and kwargs.get("cache") is None and model.training \
+                and torch.is_grad_enabled():
+            # a training forward: transformers' default (config.use_cache) builds a DynamicCache and
+            # copies every layer's k and v into it (two concatenations per layer, recorded by
+            # autograd), for a cache nobody reads
+            use_cache = False
+        if past_key_values is not None:  # (passed on only when given: newer transformers names it `cache`)
+            kwargs["past_key_values"] = past_key_values
         out = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                   past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
+                   inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
         target = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:].to(out.last_hidden_state.device)
         loss = ops.linear_cross_entropy(out.last_hidden_state, head.weight, target, bias=head.bias, softcap=cap,
                                         reduction="mean" if num_items is None else "sum")
