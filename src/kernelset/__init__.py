@@ -16,8 +16,8 @@ from .ops.embedding import embedding
 from .ops.loss import Reduction, cross_entropy
 from .ops.loss import linear_cross_entropy
 from .ops.norm import AddNormOutput, NormCast, fused_add_rms_norm, layer_norm, rms_norm
-from .ops.rope import (QKNormCast, RopeCache, RotaryOutput, RotatedQK, apply_rotary, mrope, qk_norm_rope,
-                       rope_cache, rotary_embedding)
+from .ops.rope import (QKV, QKNormCast, RopeCache, RotaryOutput, RotatedQK, apply_rotary, mrope, qk_norm_rope,
+                       qkv_rope, rope_cache, rotary_embedding)
 from .ops.softmax import log_softmax, softmax
 from .ops import optim
 from .ops.optim import clip_grad_norm_
@@ -32,7 +32,7 @@ __all__ = [
     "AUTO", "AddNormOutput", "apply_rotary", "ArgumentError", "ArgumentTypeError", "Backend", "Explanation", "GeluApprox",
     "KernelsetError", "NormCast", "Reduction", "RotaryOutput", "RotatedQK", "UnsupportedError", "__version__", "catalog", "config", "explain",
     "cross_entropy", "embedding", "fused_add_rms_norm", "gelu", "gelu_and_mul", "layer_norm", "log_softmax", "rms_norm", "rotary_embedding", "silu_and_mul", "softmax",
-    "mrope", "qk_norm_rope", "rope_cache", "QKNormCast", "RopeCache",
+    "mrope", "qk_norm_rope", "rope_cache", "QKNormCast", "RopeCache", "qkv_rope", "QKV",
     "swiglu", "swiglu_oai", "gated_mlp",
     "linear_cross_entropy",
     "optim", "clip_grad_norm_",

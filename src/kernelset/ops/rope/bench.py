@@ -8,6 +8,7 @@ import torch
 
 from ...bench.adapter import BenchAdapter, compiled, runner
 from . import api
+from . import qkv as api_qkv
 from . import reference as ref
 
 
@@ -184,4 +185,49 @@ ADAPTERS["qk_norm_rope"] = BenchAdapter(
                              "torch.compile": _qk_own(compiled(_native_qk), inp)},
     reference=_qk_reference,
     args=lambda inp: (inp["q"], inp["k"], inp["qw"], inp["kw"], inp["cache"], inp["pos"], inp["q"].shape[-1]),
+)
+
+
+def _qkv_inputs(shape, dtype, device, mode):
+    """(B, S, H_model, Hq, Hk, D); a 2-D shape (tokens, hidden) from ksctl verify / plan: one
+    sequence, 4 / 2 heads of 16. Weights scaled by 1/sqrt(fan-in)."""
+    if len(shape) == 2:
+        shape = (1, shape[0], shape[1], 4, 2, 16)
+    b, s, h, hq, hk, d = shape
+    grad = mode != "fwd"
+    x = torch.randn(b, s, h, dtype=dtype, device=device, requires_grad=grad)
+    ws = [(torch.randn(n * d, h, device=device) / h ** 0.5).to(dtype).requires_grad_(grad) for n in (hq, hk, hk)]
+    inv = 1.0 / 10000 ** (torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
+    emb = torch.outer(torch.arange(s, device=device, dtype=torch.float32), inv)
+    emb = torch.cat([emb, emb], -1)
+    cos, sin = emb.cos()[None].to(dtype), emb.sin()[None].to(dtype)
+    cot = tuple(torch.randn(b, n, s, d, dtype=dtype, device=device) for n in (hq, hk, hk)) if grad else ()
+    names = ("q", "k", "v") if not grad else ("q", "k", "v", "dx", "dw_q", "dw_k", "dw_v")
+    return {"x": x, "ws": ws, "cos": cos, "sin": sin, "d": d, "wrt": (x, *ws), "cot": cot, "names": names}
+
+
+def _hf_qkv(x, wq, wk, wv, cos, sin, d):  # LlamaAttention's projections, views and apply_rotary_pos_emb
+    b, s, _ = x.shape
+    q, k, v = (torch.nn.functional.linear(x, w).view(b, s, -1, d).transpose(1, 2) for w in (wq, wk, wv))
+    return (*_hf_apply(q, k, cos, sin), v)
+
+
+def _qkv_reference(inp, mode):
+    leaves = [t.detach().float().requires_grad_(mode != "fwd") for t in inp["wrt"]]
+    outs = _hf_qkv(*leaves, inp["cos"].float(), inp["sin"].float(), inp["d"])
+    if mode == "fwd":
+        return tuple(o.detach() for o in outs)
+    return tuple(o.detach() for o in outs) + torch.autograd.grad(outs, leaves, [c.float() for c in inp["cot"]])
+
+
+ADAPTERS["qkv_rope"] = BenchAdapter(
+    inputs=_qkv_inputs,
+    ours=lambda inp, mode, backend: runner(lambda: tuple(api_qkv.qkv_rope(
+        inp["x"], *inp["ws"], inp["cos"], inp["sin"], head_dim=inp["d"], backend=backend)), inp, mode),
+    peers=lambda inp, mode: {
+        "torch-eager": runner(lambda: _hf_qkv(*inp["wrt"], inp["cos"], inp["sin"], inp["d"]), inp, mode),
+        "torch.compile": runner(lambda: compiled(_hf_qkv)(*inp["wrt"], inp["cos"], inp["sin"], inp["d"]), inp, mode)},
+    reference=_qkv_reference,
+    args=lambda inp: (inp["x"], torch.cat([w.detach() for w in inp["ws"]]), inp["cos"],
+                      (inp["ws"][0].shape[0] // inp["d"], inp["ws"][1].shape[0] // inp["d"], inp["d"])),
 )
