@@ -22,8 +22,8 @@ import torch
 import kernelset as ks
 from kernelset.hf.evaluate import build_model, config_for
 
-ALL = ("embedding", "rms_norm", "apply_rotary", "swiglu", "gated_mlp", "flash_attention", "linear_cross_entropy",
-       "cross_entropy")
+ALL = ("embedding", "rms_norm", "apply_rotary", "qkv_rope", "swiglu", "gated_mlp", "flash_attention",
+       "linear_cross_entropy", "cross_entropy")
 
 
 def main() -> int:

@@ -267,9 +267,12 @@ def _train_three_steps(m0, m1, handle):
         o0.step(), o1.step(), o0.zero_grad(), o1.zero_grad()
     assert max(rel_err(p1, p0) for p0, p1 in zip(m0.parameters(), m1.parameters())) < 1e-4
     counts = handle.counts
-    # the MLP's training calls run gated_mlp (one autograd node), not swiglu between nn.Linear calls
-    assert counts["rms_norm"] == 3 * 5 and counts["gated_mlp"] == 3 * 2 and counts["apply_rotary"] == 3 * 2
-    assert counts.get("swiglu", 0) == 0
+    # the MLP's training calls run gated_mlp (one autograd node), not swiglu between nn.Linear calls;
+    # the attention's run qkv_rope (projections + rotation, one node), not apply_rotary
+    assert counts["rms_norm"] == 3 * 5 and counts["gated_mlp"] == 3 * 2 and counts["qkv_rope"] == 3 * 2
+    assert counts.get("swiglu", 0) == 0 and counts.get("apply_rotary", 0) == 0
+    if ks.hf.patching.attention_available():
+        assert counts["flash_attention"] == 3 * 2
     assert counts.get("linear_cross_entropy", 0) + counts.get("cross_entropy", 0) == 3
 
 
@@ -284,6 +287,28 @@ def test_training_forward_builds_no_cache():
         with torch.no_grad():
             model.eval()
             assert model(input_ids=ids, labels=ids).past_key_values is not None  # evaluation: the default
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "gemma2", "mistral"])
+def test_training_attention_fusion_only_where_the_probe_agrees(family):
+    """qkv_rope + flash_attention replace an attention module's training forward only where its own
+    forward computes the same (q/k norms, softcap, sliding windows keep the module's code), and the
+    training step still tracks the unpatched model's."""
+    m0 = tiny_model(family).train()
+    m1 = copy.deepcopy(m0)
+    with kernelize(m1, mode="training") as handle:
+        fused = [p for p in handle.patched if p.rule == "attention_qkv"]
+        if family == "qwen2":  # biased q/k/v projections: fused, biases included
+            assert len(fused) == 2
+        if family in ("qwen3", "gemma2", "mistral"):  # q/k norms; softcap and windows; the config's window
+            assert not fused
+        ids = torch.randint(0, 128, (2, 12), device=DEVICE)
+        l0, l1 = m0(input_ids=ids, labels=ids).loss, m1(input_ids=ids, labels=ids).loss
+        assert rel_err(l1, l0) < 1e-5
+        l0.backward()
+        l1.backward()
+        for (name, p0), p1 in zip(m0.named_parameters(), m1.parameters()):
+            assert rel_err(p1.grad, p0.grad) < 1e-4, name
 
 
 def test_training_mode_keeps_forward_only_ops_out():

@@ -528,19 +528,18 @@ def _lce_forward(model: nn.Module, ops: Any, original: Callable) -> Callable:
 
     def forward(input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, inputs_embeds=None,
                 labels=None, use_cache=None, logits_to_keep=0, **kwargs):
+        if past_key_values is not None:  # (passed on only when given: newer transformers names it `cache`)
+            kwargs["past_key_values"] = past_key_values
         if labels is None:
             return original(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                            past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                            logits_to_keep=logits_to_keep, **kwargs)
+                            inputs_embeds=inputs_embeds, use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs)
         num_items = kwargs.pop("num_items_in_batch", None)
-        if use_cache is None and past_key_values is None and kwargs.get("cache") is None and model.training \
-                and torch.is_grad_enabled():
+        if use_cache is None and kwargs.get("past_key_values") is None and kwargs.get("cache") is None \
+                and model.training and torch.is_grad_enabled():
             # a training forward: transformers' default (config.use_cache) builds a DynamicCache and
             # copies every layer's k and v into it (two concatenations per layer, recorded by
             # autograd), for a cache nobody reads
             use_cache = False
-        if past_key_values is not None:  # (passed on only when given: newer transformers names it `cache`)
-            kwargs["past_key_values"] = past_key_values
         out = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                    inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
         target = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:].to(out.last_hidden_state.device)
@@ -673,6 +672,7 @@ def kernelize(model: nn.Module, *, mode: Mode | str = Mode.INFERENCE,
         _patch_lce(handle, model, wanted)
         from . import attention
         attention.patch(handle, model, wanted)
+        attention.patch_qkv(handle, model, wanted)
         _note_unpatched(handle, model)
     except BaseException:
         handle.restore()

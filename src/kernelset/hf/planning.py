@@ -207,6 +207,10 @@ def _example(op: str, shape: dict[str, int], dt: torch.dtype) -> tuple | None:
         return _meta(t, 2 * shape["inter"], dtype=dt), None
     if op == "swiglu":
         return _meta(t, shape["inter"], dtype=dt), _meta(t, shape["inter"], dtype=dt)
+    if op == "qkv_rope":
+        d = shape["dim"]
+        w = _meta((shape["heads"] + 2 * shape["kv_heads"]) * d, h, dtype=dt)
+        return _meta(1, t, h, dtype=dt), w, _meta(1, t, d, dtype=dt), (shape["heads"], shape["kv_heads"], d)
     if op == "gated_mlp":
         i = shape["inter"]
         return _meta(t, h, dtype=dt), _meta(i, h, dtype=dt), _meta(i, h, dtype=dt), _meta(h, i, dtype=dt)
@@ -464,9 +468,19 @@ def plan(model: str | dict, *, gpu: str | GPU = "h100", dtype: str = "bf16", mod
             {"batch": decode_batch, "heads": f.heads, "rank": m["kv_lora_rank"], "rope": m["qk_rope_head_dim"]})
     else:
         qkv = (f.heads + 2 * f.kv_heads) * f.head_dim
-        row("QKV projection", None, f"[{T}, {H}] x [{H}, {qkv}]", L,
-            note=f"GEMM in {gemm}" + (", with bias" if f.traits.get("attention_bias") else "")
-            + "; kernelize merges q/k/v into one GEMM for inference")
+        # training: kernelize runs the projections and the rotation of LLaMA-style attention (full
+        # rotary, no q/k norm, window, softcap or sinks) as one autograd node
+        fused_qkv = (mode == "training" and _has("qkv_rope") and not f.qk_norm and not f.sliding_window
+                     and not f.attn_softcap and not f.sinks and f.rotary_dim == f.head_dim)
+        if fused_qkv:
+            row("QKV projection + rotary embedding", "qkv_rope", f"[{T}, {H}] x [{H}, {qkv}]", L,
+                {"tokens": T, "hidden": H, "heads": f.heads, "kv_heads": f.kv_heads, "dim": f.head_dim},
+                f"one autograd node (kernelize's training calls); GEMM cuBLAS in {gemm}; "
+                f"{f.rope['type']} tables from the model's rotary module")
+        else:
+            row("QKV projection", None, f"[{T}, {H}] x [{H}, {qkv}]", L,
+                note=f"GEMM in {gemm}" + (", with bias" if f.traits.get("attention_bias") else "")
+                + "; kernelize merges q/k/v into one GEMM for inference")
         if f.qk_norm == "head":
             row("per-head q/k RMSNorm" + (" (1 + w)" if f.norm_offset else ""), "rms_norm",
                 f"[{T}, {f.heads}+{f.kv_heads}, {f.head_dim}]", 2 * L, {"tokens": T * f.heads, "hidden": f.head_dim},
@@ -475,9 +489,11 @@ def plan(model: str | dict, *, gpu: str | GPU = "h100", dtype: str = "bf16", mod
             row("q/k RMSNorm over all heads", "rms_norm", f"[{T}, {f.heads * f.head_dim}]", 2 * L,
                 {"tokens": T, "hidden": f.heads * f.head_dim})
         rope_note = f"{f.rope['type']} tables from rope_cache"
-        row(f"rotary embedding ({f.rotary_dim}/{f.head_dim} dims)", "apply_rotary",
-            f"q [{T}, {f.heads}, {f.head_dim}], k [{T}, {f.kv_heads}, {f.head_dim}]", L,
-            {"tokens": T, "heads": f.heads, "kv_heads": f.kv_heads, "dim": f.head_dim, "rot": f.rotary_dim}, rope_note)
+        if not fused_qkv:
+            row(f"rotary embedding ({f.rotary_dim}/{f.head_dim} dims)", "apply_rotary",
+                f"q [{T}, {f.heads}, {f.head_dim}], k [{T}, {f.kv_heads}, {f.head_dim}]", L,
+                {"tokens": T, "heads": f.heads, "kv_heads": f.kv_heads, "dim": f.head_dim, "rot": f.rotary_dim},
+                rope_note)
         opts = [o for o, on in (("causal", True), (f"window {f.sliding_window} on {f.sliding_layers} layers",
                                                      bool(f.sliding_window)),
                                 (f"softcap {f.attn_softcap}", bool(f.attn_softcap)), ("sinks", f.sinks)) if on]
