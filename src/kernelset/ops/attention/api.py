@@ -390,6 +390,10 @@ def _run(op, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, left, right, soft
     if torch.compiler.is_compiling():
         out, lse = torch.ops.kernelset.flash_attention(*args)
     elif needs_grad(q, k, v, sinks):
+        # the choice first, outside the autograd node: a backend that cannot run raises here, not
+        # inside autograd's C entry while the warnings of torch's can_use_* checks are still pending
+        # there (which torch reports as a SystemError); the forward's own select is then a cache hit
+        _select(op, backend, (q, k, v, cu_q, cu_k), _kw(causal, left, right, softcap, sinks, need_lse, max_q, max_k))
         out, lse = apply(_FLASH, *args)
     else:
         out, lse = _flash_fwd(*args)
