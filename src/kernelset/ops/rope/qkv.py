@@ -58,6 +58,8 @@ def _problem(x, w, cos, heads):
 
 
 def _cost(shape, dtype, mode):
+    if len(shape) == 6:  # a benchmark case's (B, S, H_model, Hq, Hk, D)
+        shape = (shape[0] * shape[1], *shape[2:])
     m, h, hq, hk, d = shape
     n = (hq + 2 * hk) * d
     s = torch.empty((), dtype=dtype).element_size()
