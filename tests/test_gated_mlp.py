@@ -122,3 +122,36 @@ def test_gpu_bf16_forward_equals_the_module_and_gradients():
     cot = torch.randn_like(y)
     for a, e in zip(torch.autograd.grad(y, (x, *ws), cot), torch.autograd.grad(want, (x, *ws), cot)):
         assert rel_err(a, e) < 5e-3
+
+
+def _rms(x, w, eps):  # LlamaRMSNorm in the input's precision
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_prenorm_forward_and_gradients(dtype, backend, device):
+    """norm_weight: LlamaRMSNorm then the MLP in the same node; gradients for x, the norm weight and
+    the three projections."""
+    x = torch.randn(2, 7, 48, device=device).to(dtype).requires_grad_()
+    wn = (1 + 0.3 * torch.randn(48, device=device)).to(dtype).requires_grad_()
+    ws = _weights(48, 80, 48, dtype, device)
+    y = ks.gated_mlp(x, *ws, norm_weight=wn, norm_eps=1e-5, backend=backend)
+    nxt = [type(f).__name__ for f, _ in y.grad_fn.next_functions if f is not None]
+    assert nxt.count("AccumulateGrad") == 5, nxt
+    ins = [t.detach().double().requires_grad_() for t in (x, wn, *ws)]
+    want = _hf(_rms(ins[0], ins[1], 1e-5), *ins[2:], "silu")
+    assert rel_err(y, want) <= tolerance("gemm", dtype), rel_err(y, want)
+    cot = torch.randn_like(want)
+    got = torch.autograd.grad(y, (x, wn, *ws), cot.to(dtype))
+    exp = torch.autograd.grad(want, ins, cot)
+    for name, a, e in zip(("dx", "dnorm", "dw_gate", "dw_up", "dw_down"), got, exp):
+        assert rel_err(a, e) <= tolerance("gemm", dtype, grad=True), (name, rel_err(a, e))
+
+
+def test_prenorm_bad_weight():
+    with pytest.raises(ks.ArgumentError, match="norm_weight"):
+        ks.gated_mlp(torch.randn(3, 32), *_weights(32, 40, 32, torch.float32, "cpu"), norm_weight=torch.randn(31))
+    with pytest.raises(ks.ArgumentError, match="norm_eps"):
+        ks.gated_mlp(torch.randn(3, 32), *_weights(32, 40, 32, torch.float32, "cpu"), norm_weight=torch.randn(32),
+                     norm_eps=-1.0)

@@ -122,3 +122,44 @@ def test_compile_fullgraph_with_backward():
     comp = torch.autograd.grad(torch.compile(f, fullgraph=True, backend="aot_eager")(*args), args)
     for a, b in zip(eager, comp):
         assert rel_err(b, a) < 1e-6
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_prenorm_forward_and_gradients(dtype, backend, device):
+    """norm_weight: LlamaRMSNorm then the projections and rotation in the same node."""
+    b, s, h, hq, hk, d = 2, 6, 64, 4, 2, 16
+    x, ws, _ = _case(b, s, h, hq, hk, d, dtype, device, False)
+    wn = (1 + 0.3 * torch.randn(h, device=device)).to(dtype).requires_grad_()
+    cos, sin = _tables(b, s, d, device, dtype)
+    out = ks.qkv_rope(x, *ws, cos, sin, head_dim=d, norm_weight=wn, norm_eps=1e-5, backend=backend)
+    ins = [t.detach().double().requires_grad_() for t in (x, wn, *ws)]
+    xn = ins[0] * torch.rsqrt(ins[0].pow(2).mean(-1, keepdim=True) + 1e-5) * ins[1]
+    want = _hf(xn, *ins[2:], None, None, None, cos.double(), sin.double(), d)
+    for g, e in zip(out, want):
+        assert rel_err(g, e) <= tolerance("gemm", dtype)
+    cots = [torch.randn_like(e) for e in want]
+    got = torch.autograd.grad(out, (x, wn, *ws), [c.to(dtype) for c in cots])
+    exp = torch.autograd.grad(want, ins, cots)
+    for i, (a, e) in enumerate(zip(got, exp)):
+        assert rel_err(a, e) <= tolerance("gemm", dtype, grad=True), (i, rel_err(a, e))
+
+
+def test_prenorm_compile():
+    x, ws, _ = _case(2, 5, 32, 2, 1, 16, torch.float32, "cpu", False)
+    wn = torch.randn(32, requires_grad=True)
+    cos, sin = _tables(2, 5, 16, "cpu", torch.float32)
+
+    mlp = [torch.randn(24, 16, requires_grad=True), torch.randn(24, 16, requires_grad=True),
+           torch.randn(16, 24, requires_grad=True), torch.randn(16, requires_grad=True)]
+
+    def f(x, wn, wq, wk, wv, wg, wu, wd, wn2):
+        q, k, v = ks.qkv_rope(x, wq, wk, wv, cos, sin, head_dim=16, norm_weight=wn)
+        y = ks.gated_mlp(v.transpose(1, 2).reshape(2, 5, 16), wg, wu, wd, norm_weight=wn2)
+        return q.square().sum() + k.sum() + y.square().sum()
+
+    args = (x, wn, *ws, *mlp)
+    eager = torch.autograd.grad(f(*args), args)
+    comp = torch.autograd.grad(torch.compile(f, fullgraph=True, backend="aot_eager")(*args), args)
+    for a, b in zip(eager, comp):
+        assert rel_err(b, a) < 1e-5

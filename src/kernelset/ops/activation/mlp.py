@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from typing import Optional
+
 from ...core import checks, dispatch
 from ...core.alloc import empty
 from ...core.arch import ArchRange, device_arch
@@ -153,7 +155,8 @@ register_impl(Impl(op=OP, backend=Backend.REFERENCE, forward=ref_fwd, backward=r
 
 
 def gated_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, *,
-              activation: str = "silu", backend: Backend | str = AUTO) -> torch.Tensor:
+              activation: str = "silu", norm_weight: torch.Tensor | None = None, norm_eps: float = 1e-6,
+              backend: Backend | str = AUTO) -> torch.Tensor:
     """y = (act(x w_gate^T) * (x w_up^T)) w_down^T: a gated MLP without biases, as one autograd node.
 
     x ``[..., H]``, w_gate and w_up ``[I, H]``, w_down ``[H_out, I]`` (nn.Linear's weight layout),
@@ -162,6 +165,10 @@ def gated_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down:
     to the dtype, the activation before the multiply), so the forward gives their output; the
     backward keeps g, u and h. Returns ``[..., H_out]`` in x's dtype. Gradients for x and all
     three weights.
+    ``norm_weight`` ``[H]``: x goes through transformers' LlamaRMSNorm first (``norm_eps``; fp32
+    statistics in torch's summation order, rounded before the weight), inside the same node (a
+    pre-norm MLP block, as a decoder layer's post-attention norm feeds its MLP); its weight gets a
+    gradient too.
     """
     op = OP
     checks.tensor(op, "x", x)
@@ -182,74 +189,103 @@ def gated_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down:
                             f"shape {tuple(w_down.shape)}")
     if activation not in ACTIVATIONS:
         raise ArgumentError(op, "activation", " or ".join(repr(a) for a in ACTIVATIONS), repr(activation))
+    if norm_weight is not None:
+        checks.tensor(op, "norm_weight", norm_weight)
+        checks.shape(op, "norm_weight", norm_weight, (h,), "x's last dim")
+        checks.same_dtype(op, "norm_weight", norm_weight, "x", x)
+        checks.same_device(op, "norm_weight", norm_weight, "x", x)
+        norm_eps = checks.positive(op, "norm_eps", norm_eps)
+    args = (x, w_gate, w_up, w_down, norm_weight, float(norm_eps), activation, str(backend))
     if torch.compiler.is_compiling():
-        return torch.ops.kernelset.gated_mlp(x, w_gate, w_up, w_down, activation, str(backend))[0]
-    if needs_grad(x, w_gate, w_up, w_down):  # (x's rows are flattened inside: no view node of ours)
-        return apply(_SPEC, x, w_gate, w_up, w_down, activation, str(backend))[0]
-    return _fwd(x, w_gate, w_up, w_down, activation, str(backend))[0]
+        return torch.ops.kernelset.gated_mlp(*args)[0]
+    if needs_grad(x, w_gate, w_up, w_down, norm_weight):  # (x's rows are flattened inside: no view node of ours)
+        return apply(_SPEC, *args)[0]
+    return _fwd(*args)[0]
 
 
-def _fwd(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, activation: str,
-         backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _fwd(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
+         norm_weight: Optional[torch.Tensor], norm_eps: float, activation: str,
+         backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, then what the backward reads: g, u, h, and with a pre-norm its output n and rstd)."""
     x2 = x.reshape(-1, x.shape[-1])
-    impl = dispatch.select(OP, backend, (x2, w_gate, w_up, w_down), {})
-    y, g, u, h = impl.forward(x2, w_gate, w_up, w_down, activation)
-    return y.view(*x.shape[:-1], w_down.shape[0]), g, u, h
+    if norm_weight is not None:
+        from ..norm.api import prenorm_forward
+        n2, rstd = prenorm_forward(x2, norm_weight, norm_eps, backend)
+    else:
+        n2, rstd = x2, None
+    impl = dispatch.select(OP, backend, (n2, w_gate, w_up, w_down), {})
+    y, g, u, h = impl.forward(n2, w_gate, w_up, w_down, activation)
+    if rstd is None:  # (a custom op's outputs must not alias its inputs or each other)
+        n2, rstd = x.new_empty(0), x.new_empty(0)
+    return y.view(*x.shape[:-1], w_down.shape[0]), g, u, h, n2, rstd
 
 
 _op = torch.library.custom_op("kernelset::gated_mlp", mutates_args=())(_fwd)
 
 
 @_op.register_fake
-def _(x, w_gate, w_up, w_down, activation, backend):
+def _(x, w_gate, w_up, w_down, norm_weight, norm_eps, activation, backend):
     m, i = x.numel() // x.shape[-1], w_gate.shape[0]
+    normed = norm_weight is not None
     return (x.new_empty((*x.shape[:-1], w_down.shape[0])), x.new_empty((m, i)), x.new_empty((m, i)),
-            x.new_empty((m, i)))
+            x.new_empty((m, i)), x.new_empty((m, x.shape[-1]) if normed else (0,)),
+            x.new_empty((m,) if normed else (0,), dtype=torch.float32 if normed else x.dtype))
 
 
 def _bwd(dy: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
-         g: torch.Tensor, u: torch.Tensor, h: torch.Tensor, activation: str, backend: str, need_x: bool,
-         need_gate: bool, need_up: bool, need_down: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                                   torch.Tensor]:
+         norm_weight: Optional[torch.Tensor], g: torch.Tensor, u: torch.Tensor, h: torch.Tensor, n2: torch.Tensor,
+         rstd: torch.Tensor, norm_eps: float, activation: str, backend: str, need_x: bool, need_gate: bool,
+         need_up: bool, need_down: bool, need_norm: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                    torch.Tensor, torch.Tensor]:
     x2 = x.reshape(-1, x.shape[-1])
-    impl = dispatch.select(OP, backend, (x2, w_gate, w_up, w_down), {}, backward=True)
+    normed = norm_weight is not None
+    inp = n2 if normed else x2
+    impl = dispatch.select(OP, backend, (inp, w_gate, w_up, w_down), {}, backward=True)
     dy2 = checks.row_strided(dy.reshape(-1, dy.shape[-1]))
-    dx, dwg, dwu, dwd = impl.backward(dy2, x2, w_gate, w_up, w_down, g, u, h, activation,
-                                      (need_x, need_gate, need_up, need_down))
+    dn, dwg, dwu, dwd = impl.backward(dy2, inp, w_gate, w_up, w_down, g, u, h, activation,
+                                      (need_x or need_norm, need_gate, need_up, need_down))
+    dx = dwn = None
+    if normed and (need_x or need_norm):
+        from ..norm.api import prenorm_backward
+        dx, dwn = prenorm_backward(dn, x2, norm_weight, rstd, norm_eps, backend)
+    elif need_x:
+        dx = dn
     if dx is not None:
         dx = dx.view(x.shape)
     # (a gradient not asked for comes back empty: a custom op returns tensors only)
-    return tuple(gr if gr is not None else x.new_empty(0) for gr in (dx, dwg, dwu, dwd))
+    return tuple(gr if gr is not None else x.new_empty(0) for gr in (dx, dwg, dwu, dwd, dwn))
 
 
 _bwd_op = torch.library.custom_op("kernelset::gated_mlp_backward", mutates_args=())(_bwd)
 
 
 @_bwd_op.register_fake
-def _(dy, x, w_gate, w_up, w_down, g, u, h, activation, backend, need_x, need_gate, need_up, need_down):
-    return tuple(t.new_empty(t.shape) if n else x.new_empty(0)
-                 for t, n in ((x, need_x), (w_gate, need_gate), (w_up, need_up), (w_down, need_down)))
+def _(dy, x, w_gate, w_up, w_down, norm_weight, g, u, h, n2, rstd, norm_eps, activation, backend, need_x, need_gate,
+      need_up, need_down, need_norm):
+    return tuple(t.new_empty(t.shape) if (n and t is not None) else x.new_empty(0)
+                 for t, n in ((x, need_x), (w_gate, need_gate), (w_up, need_up), (w_down, need_down),
+                              (norm_weight, need_norm)))
 
 
 def _setup(ctx, inputs, output):
-    x, w_gate, w_up, w_down, activation, backend = inputs
-    _, g, u, h = output
-    ctx.save_for_backward(x, w_gate, w_up, w_down, g, u, h)
-    ctx.opts = (activation, backend)
+    x, w_gate, w_up, w_down, norm_weight, norm_eps, activation, backend = inputs
+    _, g, u, h, n2, rstd = output
+    ctx.save_for_backward(x, w_gate, w_up, w_down, norm_weight, g, u, h, n2, rstd)
+    ctx.opts = (norm_eps, activation, backend)
 
 
 def _backward(ctx, dy, *_):
-    x, w_gate, w_up, w_down, g, u, h = ctx.saved_tensors
-    activation, backend = ctx.opts
+    x, w_gate, w_up, w_down, norm_weight, g, u, h, n2, rstd = ctx.saved_tensors
+    norm_eps, activation, backend = ctx.opts
     eager = getattr(ctx, "eager", False)
     nig = ctx.needs_input_grad  # (EagerAutograd's first input is the spec)
-    needs = tuple(bool(n) for n in (nig[1:5] if eager else nig[:4]))
+    needs = tuple(bool(n) for n in (nig[1:6] if eager else nig[:5]))
     entry = _bwd if eager else torch.ops.kernelset.gated_mlp_backward
-    grads = entry(dy, x, w_gate, w_up, w_down, g, u, h, activation, backend, *needs)
-    return (*(gr if n else None for gr, n in zip(grads, needs)), None, None)
+    grads = entry(dy, x, w_gate, w_up, w_down, norm_weight, g, u, h, n2, rstd, norm_eps, activation, backend, *needs)
+    return (*(gr if n else None for gr, n in zip(grads, needs)), None, None, None)
 
 
 _op.register_autograd(_backward, setup_context=_setup)
-# (only y's gradient is read: the saved g, u, h get none built for them)
+# (only y's gradient is read: the saved g, u, h, n, rstd get none built for them)
 _SPEC = AutogradSpec(_fwd, _setup, _backward, needed=(0,))
 

@@ -194,6 +194,20 @@ def _rms_backward(ctx, dy, drstd):
 
 
 _rms_norm_op.register_autograd(_rms_backward, setup_context=_rms_setup)
+
+
+def prenorm_forward(x2: torch.Tensor, weight: torch.Tensor, eps: float, backend: str) -> tuple[torch.Tensor,
+                                                                                               torch.Tensor]:
+    """(y, rstd): RMSNorm of the rows of x2 as transformers' LlamaRMSNorm computes it (torch's
+    summation order, rounded before the weight), with the statistics its backward reads; for ops
+    that fuse a pre-norm into one autograd node (gated_mlp, qkv_rope). No checks: the caller's."""
+    return _rms_fwd(x2, weight, eps, 0.0, False, backend, True)
+
+
+def prenorm_backward(dy: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, eps: float,
+                     backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dweight in weight's dtype) of :func:`prenorm_forward`."""
+    return _rms_bwd(dy, x2, weight, rstd, eps, 0.0, False, None, "rms_norm", backend)
 _RMS = AutogradSpec(_rms_fwd, _rms_setup, _rms_backward, needed=(0,))
 
 # ---- fused_add_rms_norm ---------------------------------------------------------------------

@@ -169,7 +169,8 @@ register_impl(Impl(op=OP, backend=Backend.REFERENCE, forward=ref_fwd, backward=r
 
 def qkv_rope(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor, cos: torch.Tensor,
              sin: torch.Tensor, *, head_dim: int, b_q: torch.Tensor | None = None, b_k: torch.Tensor | None = None,
-             b_v: torch.Tensor | None = None, backend: Backend | str = AUTO) -> QKV:
+             b_v: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, norm_eps: float = 1e-6,
+             backend: Backend | str = AUTO) -> QKV:
     """q, k, v of attention from hidden states: ``rope(x w_q^T + b_q)``, ``rope(x w_k^T + b_k)``,
     ``x w_v^T + b_v``, each ``[B, H, S, D]`` (a view of ``[B, S, H, D]`` memory), one autograd node.
 
@@ -178,6 +179,9 @@ def qkv_rope(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.T
     rotary tables (duplicated halves), rotating the full head size D = ``head_dim`` by rotate-halves.
     Each output is rounded once to x's dtype after its product, then after its rotation, as
     transformers' module does. Gradients for x, the weights and the biases (cos and sin constant).
+    ``norm_weight`` ``[H_model]``: x goes through transformers' LlamaRMSNorm first (``norm_eps``),
+    inside the same node (a decoder layer's input norm feeding its attention); its weight gets a
+    gradient too.
     """
     op = OP
     checks.tensor(op, "x", x, min_ndim=3)
@@ -212,12 +216,17 @@ def qkv_rope(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.T
         if tuple(t.shape[-2:]) != (s, head_dim) or t.dim() > 3 or (t.dim() == 3 and t.shape[0] not in (1, b)):
             raise ArgumentError(op, name, f"of shape [S={s}, D={head_dim}] or [B={b}, S, D] (full-width tables)",
                                 f"shape {tuple(t.shape)}")
+    if norm_weight is not None:
+        checks.tensor(op, "norm_weight", norm_weight)
+        checks.shape(op, "norm_weight", norm_weight, (hd,), "x's last dim")
+        checks.same_dtype(op, "norm_weight", norm_weight, "x", x)
+        checks.same_device(op, "norm_weight", norm_weight, "x", x)
+        norm_eps = checks.positive(op, "norm_eps", norm_eps)
     biases = (b_q, b_k, b_v)
-    has_bias = any(t is not None for t in biases)
-    args = (x, w_q, w_k, w_v) + (biases if has_bias else (None, None, None)) + (cos, sin, hq, hk, head_dim)
+    args = (x, w_q, w_k, w_v, *biases, norm_weight, float(norm_eps), cos, sin, hq, hk, head_dim)
     if torch.compiler.is_compiling():
         out = torch.ops.kernelset.qkv_rope(*args, str(backend))
-    elif needs_grad(x, w_q, w_k, w_v, *biases):
+    elif needs_grad(x, w_q, w_k, w_v, *biases, norm_weight):
         out = apply(_SPEC, *args, str(backend))
     else:
         out = _fwd(*args, str(backend))
@@ -233,73 +242,99 @@ def _cat(w_q, w_k, w_v, b_q, b_k, b_v):
 
 
 def _fwd(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor, b_q: Optional[torch.Tensor],
-         b_k: Optional[torch.Tensor], b_v: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, hq: int,
-         hk: int, d: int, backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(q, k, v [B, H, S, D] over [B, S, H, D] memory, the concatenated weight the backward reads);
-    the transposes happen here, inside the node, so autograd records none."""
+         b_k: Optional[torch.Tensor], b_v: Optional[torch.Tensor], norm_weight: Optional[torch.Tensor],
+         norm_eps: float, cos: torch.Tensor, sin: torch.Tensor, hq: int, hk: int, d: int,
+         backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q, k, v [B, H, S, D] over [B, S, H, D] memory; then what the backward reads: the concatenated
+    weight, and with a pre-norm its output and rstd); the transposes happen here, inside the node,
+    so autograd records none."""
     w, bias = _cat(w_q, w_k, w_v, b_q, b_k, b_v)
-    impl = dispatch.select(OP, backend, (x, w, cos, (hq, hk, d)), {})
-    q, k, v = impl.forward(x, w, bias, cos, sin, (hq, hk, d))
-    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), w
+    if norm_weight is not None:
+        from ..norm.api import prenorm_forward
+        n2, rstd = prenorm_forward(x.reshape(-1, x.shape[-1]), norm_weight, norm_eps, backend)
+        inp = n2.view(x.shape)
+    else:
+        inp, n2, rstd = x, x.new_empty(0), x.new_empty(0)  # (outputs must not alias inputs or each other)
+    impl = dispatch.select(OP, backend, (inp, w, cos, (hq, hk, d)), {})
+    q, k, v = impl.forward(inp, w, bias, cos, sin, (hq, hk, d))
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), w, n2, rstd
 
 
 _op = torch.library.custom_op("kernelset::qkv_rope", mutates_args=())(_fwd)
 
 
 @_op.register_fake
-def _(x, w_q, w_k, w_v, b_q, b_k, b_v, cos, sin, hq, hk, d, backend):
+def _(x, w_q, w_k, w_v, b_q, b_k, b_v, norm_weight, norm_eps, cos, sin, hq, hk, d, backend):
     b, s, hd = x.shape
     n = (hq + 2 * hk) * d
     qkv = x.new_empty((b, s, n))
+    normed = norm_weight is not None
     return (x.new_empty((b, s, hq, d)).transpose(1, 2), x.new_empty((b, s, hk, d)).transpose(1, 2),
-            qkv[..., (hq + hk) * d:].view(b, s, hk, d).transpose(1, 2), w_q.new_empty((n, hd)))
+            qkv[..., (hq + hk) * d:].view(b, s, hk, d).transpose(1, 2), w_q.new_empty((n, hd)),
+            x.new_empty((b * s, hd) if normed else (0,)),
+            x.new_empty((b * s,) if normed else (0,), dtype=torch.float32 if normed else x.dtype))
 
 
-def _bwd(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, x: torch.Tensor, w: torch.Tensor, cos: torch.Tensor,
-         sin: torch.Tensor, hq: int, hk: int, d: int, backend: str, need_x: bool, need_w: bool,
-         need_b: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    impl = dispatch.select(OP, backend, (x, w, cos, (hq, hk, d)), {}, backward=True)
+def _bwd(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
+         norm_weight: Optional[torch.Tensor], n2: torch.Tensor, rstd: torch.Tensor, norm_eps: float, cos: torch.Tensor,
+         sin: torch.Tensor, hq: int, hk: int, d: int, backend: str, need_x: bool, need_w: bool, need_b: bool,
+         need_norm: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    normed = norm_weight is not None
+    inp = n2.view(x.shape) if normed else x
+    impl = dispatch.select(OP, backend, (inp, w, cos, (hq, hk, d)), {}, backward=True)
     # dq, dk, dv come [B, H, S, D]; the implementations read them [B, S, H, D] (any strides)
-    grads = impl.backward(dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2), x, w, cos, sin, (hq, hk, d),
-                          (need_x, need_w, need_b))
-    return tuple(g if g is not None else x.new_empty(0) for g in grads)
+    dn, dw, db = impl.backward(dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2), inp, w, cos, sin,
+                               (hq, hk, d), (need_x or need_norm, need_w, need_b))
+    dx = dwn = None
+    if normed and (need_x or need_norm):
+        from ..norm.api import prenorm_backward
+        dx, dwn = prenorm_backward(dn.reshape(-1, x.shape[-1]), x.reshape(-1, x.shape[-1]), norm_weight, rstd,
+                                   norm_eps, backend)
+        dx = dx.view(x.shape)
+    elif need_x:
+        dx = dn
+    return tuple(g if g is not None else x.new_empty(0) for g in (dx, dw, db, dwn))
 
 
 _bwd_op = torch.library.custom_op("kernelset::qkv_rope_backward", mutates_args=())(_bwd)
 
 
 @_bwd_op.register_fake
-def _(dq, dk, dv, x, w, cos, sin, hq, hk, d, backend, need_x, need_w, need_b):
+def _(dq, dk, dv, x, w, norm_weight, n2, rstd, norm_eps, cos, sin, hq, hk, d, backend, need_x, need_w, need_b,
+      need_norm):
     return (x.new_empty(x.shape) if need_x else x.new_empty(0), w.new_empty(w.shape) if need_w else x.new_empty(0),
-            w.new_empty((w.shape[0],)) if need_b else x.new_empty(0))
+            w.new_empty((w.shape[0],)) if need_b else x.new_empty(0),
+            norm_weight.new_empty(norm_weight.shape) if (need_norm and norm_weight is not None) else x.new_empty(0))
 
 
 def _setup(ctx, inputs, output):
-    x, w_q, w_k, w_v, b_q, b_k, b_v, cos, sin, hq, hk, d, backend = inputs
-    ctx.save_for_backward(x, output[3], cos, sin)
-    ctx.opts = (hq, hk, d, backend)
+    x, w_q, w_k, w_v, b_q, b_k, b_v, norm_weight, norm_eps, cos, sin, hq, hk, d, backend = inputs
+    ctx.save_for_backward(x, output[3], norm_weight, output[4], output[5], cos, sin)
+    ctx.opts = (norm_eps, hq, hk, d, backend)
     ctx.bias = (b_q is not None, b_k is not None, b_v is not None)
 
 
-def _backward(ctx, dq, dk, dv, _dw=None):
-    x, w, cos, sin = ctx.saved_tensors
-    hq, hk, d, backend = ctx.opts
+def _backward(ctx, dq, dk, dv, *_):
+    x, w, norm_weight, n2, rstd, cos, sin = ctx.saved_tensors
+    norm_eps, hq, hk, d, backend = ctx.opts
     eager = getattr(ctx, "eager", False)
     nig = ctx.needs_input_grad[1:] if eager else ctx.needs_input_grad  # (EagerAutograd's first input is the spec)
-    need_x, need_w, need_b = bool(nig[0]), any(nig[1:4]), any(nig[4:7])
+    need_x, need_w, need_b, need_norm = bool(nig[0]), any(nig[1:4]), any(nig[4:7]), bool(nig[7])
     entry = _bwd if eager else torch.ops.kernelset.qkv_rope_backward
     b, s = x.shape[0], x.shape[1]
     dq, dk, dv = (g if g is not None else torch.zeros((b, h, s, d), dtype=x.dtype, device=x.device)
                   for g, h in ((dq, hq), (dk, hk), (dv, hk)))
-    dx, dw, db = entry(dq, dk, dv, x, w, cos, sin, hq, hk, d, backend, need_x, need_w, need_b)
+    dx, dw, db, dwn = entry(dq, dk, dv, x, w, norm_weight, n2, rstd, norm_eps, cos, sin, hq, hk, d, backend, need_x,
+                            need_w, need_b, need_norm)
     nq, nk = hq * d, hk * d
     gw = (dw[:nq], dw[nq:nq + nk], dw[nq + nk:]) if need_w else (None, None, None)
     gb = tuple(db[a:z] if (need_b and has) else None
                for (a, z), has in zip(((0, nq), (nq, nq + nk), (nq + nk, nq + 2 * nk)), ctx.bias))
     return (dx if need_x else None, *(g if n else None for g, n in zip(gw, nig[1:4])),
-            *(g if n else None for g, n in zip(gb, nig[4:7])), None, None, None, None, None, None)
+            *(g if n else None for g, n in zip(gb, nig[4:7])), dwn if need_norm else None,
+            None, None, None, None, None, None, None)
 
 
 _op.register_autograd(_backward, setup_context=_setup)
 # q, k, v's gradients are read; the concatenated weight (an output so the backward can save it) gets none
-_SPEC = AutogradSpec(_fwd, _setup, _backward, needed=(0, 1, 2))
+_SPEC = AutogradSpec(_fwd, _setup, _backward, needed=(0, 1, 2))  # (the other outputs are saved, not used)
