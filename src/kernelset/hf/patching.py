@@ -673,6 +673,8 @@ def kernelize(model: nn.Module, *, mode: Mode | str = Mode.INFERENCE,
         from . import attention
         attention.patch(handle, model, wanted)
         attention.patch_qkv(handle, model, wanted)
+        from . import layers
+        layers.patch(handle, model, wanted)
         _note_unpatched(handle, model)
     except BaseException:
         handle.restore()

@@ -446,8 +446,14 @@ def plan(model: str | dict, *, gpu: str | GPU = "h100", dtype: str = "bf16", mod
     per_layer = 4 if f.traits.get("sandwich_norms") else 2
     norm_desc = f"{norm_op}" + (" (1 + w)" if f.norm_offset else "") + (
         ", rounded after the weight" if f.traits.get("norm_cast") == "gemma" else "")
+    layer_fused = (mode == "training" and norm_op == "rms_norm" and not f.norm_offset and per_layer == 2
+                   and f.traits.get("norm_cast") != "gemma" and not f.mla and not f.qk_norm and not f.sliding_window
+                   and not f.attn_softcap and not f.sinks and f.rotary_dim == f.head_dim and not f.moe_layers
+                   and f.activation in ("silu", "gelu_tanh", "gelu") and not f.traits.get("fused_gate_up")
+                   and _has("qkv_rope") and _has("gated_mlp"))
     row(f"decoder norms ({norm_desc})", norm_op, f"[{T}, {H}]", per_layer * L + 1, norm_shape,
-        "fused_add_rms_norm fuses the residual add where the engine owns the layer loop")
+        "kernelize's training calls run each layer's two inside qkv_rope and gated_mlp (norm_weight)" if layer_fused
+        else "fused_add_rms_norm fuses the residual add where the engine owns the layer loop")
     if f.mla:
         m = f.mla
         qk = m["qk_nope_head_dim"] + m["qk_rope_head_dim"]

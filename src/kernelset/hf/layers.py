@@ -1,0 +1,109 @@
+"""Training mode: a LLaMA-style decoder layer's training call with four kernelset nodes.
+
+``input_layernorm -> self_attn -> + residual -> post_attention_layernorm -> mlp -> + residual``
+runs as ``qkv_rope(norm_weight=input norm)`` (the norm, the q/k/v projections and the rotation:
+one node), ``flash_attention(layout="bhsd")`` (SDPA's own node), ``o_proj``, the residual add,
+``gated_mlp(norm_weight=post-attention norm)`` (the norm and the MLP: one node) and the residual
+add. The modules' own code (already patched module by module) records ~30 autograd nodes per layer;
+a training step of a 1B model is host-bound on them.
+
+A layer joins only where its norms were patched as Llama RMSNorm (weight, rounded before it), its
+attention as qkv_rope's (``attention.patch_qkv``), its MLP as a split gated MLP, and a probe on
+random inputs (the fp32 references) shows the layer's own forward equal to the fused one.
+Everything else (padding masks, a cache, dropout, inference) runs the layer's own forward.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+_ACT = {"swiglu": "silu", "gelu_and_mul tanh": "gelu_tanh", "gelu_and_mul none": "gelu"}
+
+
+def _fused(m: nn.Module, ops: Any, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps1: float,
+           eps2: float, act: str) -> torch.Tensor:
+    a, mlp = m.self_attn, m.mlp
+    q, k, v = ops.qkv_rope(hidden, a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, cos, sin, head_dim=a.head_dim,
+                           b_q=a.q_proj.bias, b_k=a.k_proj.bias, b_v=a.v_proj.bias,
+                           norm_weight=m.input_layernorm.weight, norm_eps=eps1)
+    o = ops.flash_attention(q, k, v, causal=True, scale=a.scaling, layout="bhsd")
+    h = hidden + a.o_proj(o.transpose(1, 2).reshape(*hidden.shape[:-1], -1))
+    return h + ops.gated_mlp(h, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight, activation=act,
+                             norm_weight=m.post_attention_layernorm.weight, norm_eps=eps2)
+
+
+def _forward(m: nn.Module, ops: Any, original: Any, eps1: float, eps2: float, act: str):
+    a = m.self_attn
+
+    def forward(hidden_states, attention_mask=None, position_ids=None, past_key_values=None, cache=None,
+                use_cache=False, position_embeddings=None, **kwargs):
+        # a training call without padding, cache or dropout, on full-width rotary tables
+        if (attention_mask is None and past_key_values is None and cache is None and position_embeddings is not None
+                and torch.is_grad_enabled() and hidden_states.dim() == 3
+                and (hidden_states.requires_grad or a.q_proj.weight.requires_grad)
+                and not (a.training and a.attention_dropout > 0.0)
+                and position_embeddings[0].shape[-1] == a.head_dim):
+            return _fused(m, ops, hidden_states, *position_embeddings, eps1, eps2, act)
+        if past_key_values is not None:
+            kwargs["past_key_values"] = past_key_values
+        if cache is not None:
+            kwargs["cache"] = cache
+        return original(m, hidden_states, attention_mask=attention_mask, position_ids=position_ids,
+                        use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+    return forward
+
+
+def _probe(m: nn.Module, eps1: float, eps2: float, act: str, compare, reference_only, plain, tolerance) -> str | None:
+    """None when the layer's own forward equals the fused one on random inputs (fp32 references)."""
+    p = m.self_attn.q_proj.weight
+    b, s, d = 2, 5, m.self_attn.head_dim
+    g = torch.Generator(device="cpu").manual_seed(1)
+    hidden = torch.randn(b, s, p.shape[1], generator=g).to(device=p.device, dtype=p.dtype)
+    ang = torch.randn(b, s, d // 2, generator=g) * 2
+    cos = torch.cat([ang.cos()] * 2, -1).to(device=p.device, dtype=p.dtype)
+    sin = torch.cat([ang.sin()] * 2, -1).to(device=p.device, dtype=p.dtype)
+    try:
+        with torch.no_grad(), reference_only():
+            want = type(m).forward(m, hidden, attention_mask=None, position_embeddings=(cos, sin))
+            want = want[0] if isinstance(want, tuple) else want
+            got = _fused(m, plain, hidden, cos, sin, eps1, eps2, act)
+    except Exception as exc:
+        return f"probe failed ({type(exc).__name__}: {exc})"
+    err = compare(want, got) / tolerance("norm", p.dtype)
+    return None if err <= 1.0 else f"its forward differs from the fused layer (err/tol {err:.3g})"
+
+
+def patch(handle: Any, model: nn.Module, ops: frozenset[str] | None) -> None:
+    """Training mode: fuse the decoder layers whose parts were all patched as above and whose probe
+    agrees (the report lists each layer as ``decoder_layer``)."""
+    from ..core.tolerance import tolerance
+    from .mapping import eps_of
+    from .patching import Mode, Patched, Skipped, _compare, _PLAIN, _reference_only, _set_method
+    if handle.mode is not Mode.TRAINING or (ops is not None and not {"qkv_rope", "gated_mlp"} <= ops):
+        return
+    done = {p.where: p for p in handle.patched}
+    probed: dict[tuple, str | None] = {}
+    for path, m in model.named_modules():
+        if not all(hasattr(m, c) for c in ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")):
+            continue
+        pre = f"{path}." if path else ""
+        n1, att, n2, mlp = (done.get(pre + c) for c in ("input_layernorm", "self_attn", "post_attention_layernorm",
+                                                         "mlp"))
+        act = _ACT.get(mlp.behaviour) if mlp is not None and mlp.rule == "gated_mlp" else None
+        eps1, eps2 = eps_of(m.input_layernorm), eps_of(m.post_attention_layernorm)
+        if not (n1 is not None and n2 is not None and n1.behaviour == n2.behaviour == "w, llama rounding"
+                and att is not None and att.rule == "attention_qkv" and act is not None and eps1 and eps2
+                and m.input_layernorm.weight is not None and m.post_attention_layernorm.weight is not None):
+            continue
+        key = (type(m), m.self_attn.q_proj.weight.shape, m.mlp.gate_proj.weight.shape, act)
+        if key not in probed:
+            probed[key] = _probe(m, eps1, eps2, act, _compare, _reference_only, _PLAIN, tolerance)
+        why = probed[key]
+        if why is not None:
+            handle.skipped.append(Skipped("decoder_layer", path, why))
+            continue
+        _set_method(handle, m, "forward", _forward(m, handle.ops, type(m).forward, eps1, eps2, act))
+        handle.patched.append(Patched("decoder_layer", path, "norm + qkv_rope, attention, o_proj, norm + gated_mlp "
+                                      "(training calls)", ("qkv_rope", "flash_attention", "gated_mlp")))
