@@ -67,7 +67,8 @@ def _probe(m: nn.Module, eps1: float, eps2: float, act: str, compare, reference_
     try:
         with torch.no_grad(), reference_only():
             want = type(m).forward(m, hidden, attention_mask=None, position_embeddings=(cos, sin))
-            want = want[0] if isinstance(want, tuple) else want
+            if not isinstance(want, torch.Tensor):  # (older transformers: a tuple the model unpacks)
+                return f"its forward returns {type(want).__name__}, not the hidden states alone"
             got = _fused(m, plain, hidden, cos, sin, eps1, eps2, act)
     except Exception as exc:
         return f"probe failed ({type(exc).__name__}: {exc})"
