@@ -37,6 +37,7 @@ def main() -> int:
     ids = torch.randint(0, cfg["vocab_size"], (batch, seq), generator=g).to(dev)
     model = build_model(cfg, dtype=torch.bfloat16, device=dev).train()
     variants: list[tuple[str, tuple[str, ...] | None, str]] = [
+        ("unpatched, torch fused AdamW", None, "fused"),
         ("unpatched, torch AdamW", None, "torch"),
         ("unpatched, ks AdamW", None, "ks"),
         ("all ops, ks AdamW", ALL, "ks"),
@@ -49,7 +50,7 @@ def main() -> int:
         for name, ops, optim in variants:
             handle = ks.hf.kernelize(model, mode="training", ops=ops) if ops is not None else None
             opt = (ks.optim.AdamW(model.parameters(), lr=1e-5, state_dtype=None) if optim == "ks"
-                   else torch.optim.AdamW(model.parameters(), lr=1e-5))
+                   else torch.optim.AdamW(model.parameters(), lr=1e-5, fused=optim == "fused"))
 
             def step():
                 loss = model(input_ids=ids, labels=ids).loss
