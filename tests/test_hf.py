@@ -313,6 +313,32 @@ def test_training_attention_fusion_only_where_the_probe_agrees(family):
             assert rel_err(p1.grad, p0.grad) < 1e-4, name
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_training_layer_node_equals_the_four_node_form(family, monkeypatch):
+    """A fused decoder layer's training call as one autograd node (hf.layers._LayerNode: the sub-ops'
+    implementations in sequence, attention through kernelset's flash_attention op) gives the loss
+    and every gradient of the four-node form (qkv_rope, SDPA's node, o_proj, gated_mlp)."""
+    from kernelset.hf import layers
+    m0 = tiny_model(family).train()
+    m1 = copy.deepcopy(m0)
+    ids = torch.randint(0, 128, (2, 12), device=DEVICE)
+    grads = []
+    for model, node in ((m0, True), (m1, False)):
+        monkeypatch.setattr(layers, "NODE", node)
+        with kernelize(model, mode="training") as handle:
+            assert sum(p.rule == "decoder_layer" for p in handle.patched) == 2
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            fn = model.model.layers[0](torch.randn(1, 3, model.config.hidden_size, device=DEVICE, requires_grad=True),
+                                       position_embeddings=model.model.rotary_emb(
+                                           torch.randn(1, 3, 1, device=DEVICE), torch.arange(3, device=DEVICE)[None]))
+            assert ("_LayerNode" in type(fn.grad_fn).__name__) == node, type(fn.grad_fn).__name__
+        grads.append((loss.detach(), [p.grad for p in model.parameters()]))
+    assert rel_err(grads[0][0], grads[1][0]) < 1e-6
+    for (name, _), a, b in zip(m0.named_parameters(), grads[0][1], grads[1][1]):
+        assert rel_err(a, b) < 1e-5, name
+
+
 def test_training_mode_keeps_forward_only_ops_out():
     model = tiny_model("gpt_oss")
     with kernelize(model, mode=Mode.TRAINING) as handle:

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 _ACT = {"swiglu": "silu", "gelu_and_mul tanh": "gelu_tanh", "gelu_and_mul none": "gelu"}
+NODE = True  # the layer as one autograd node (_LayerNode); False: the four-node form (_fused); tests compare them
 
 
 def _fused(m: nn.Module, ops: Any, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps1: float,
@@ -34,6 +35,89 @@ def _fused(m: nn.Module, ops: Any, hidden: torch.Tensor, cos: torch.Tensor, sin:
                              norm_weight=m.post_attention_layernorm.weight, norm_eps=eps2)
 
 
+class _LayerNode(torch.autograd.Function):
+    """The whole layer as one autograd node: the same sub-ops' forward and backward implementations
+    (dispatched as their public functions dispatch them), called in sequence here, with attention
+    through kernelset's flash_attention op (forward with its LSE, its own backward) instead of SDPA's
+    autograd. One node per layer where ``_fused`` records six; a training step of a 1B model
+    spends most of its host time recording and running nodes."""
+
+    @staticmethod
+    def forward(ctx, x, wn1, wq, wk, wv, bq, bk, bv, wo, wn2, wg, wu, wd, cos, sin, cfg):
+        from ..core import dispatch
+        from ..ops.attention.api import _flash_fwd
+        from ..ops.norm.api import prenorm_forward
+        from ..ops.rope.qkv import _cat
+        eps1, eps2, act, hq, hk, d, scale = cfg
+        b, s, hd = x.shape
+        m = b * s
+        x2 = x.reshape(m, hd)
+        n1, r1 = prenorm_forward(x2, wn1, eps1, "auto")
+        w, bias = _cat(wq, wk, wv, bq, bk, bv)
+        heads = (hq, hk, d)
+        n1v = n1.view(b, s, hd)
+        qi = dispatch.select("qkv_rope", "auto", (n1v, w, cos, heads), {})
+        q, k, v = qi.forward(n1v, w, bias, cos, sin, heads)
+        o, lse = _flash_fwd(q, k, v, None, None, s, s, True, scale, -1, -1, 0.0, None, True, "flash_attention", "auto")
+        o2 = o.reshape(m, hq * d)
+        h = torch.addmm(x2, o2, wo.t())  # x + o_proj(attention), one cuBLAS call
+        n2, r2 = prenorm_forward(h, wn2, eps2, "auto")
+        mi = dispatch.select("gated_mlp", "auto", (n2, wg, wu, wd), {})
+        y, g, u, hh = mi.forward(n2, wg, wu, wd, act)
+        out = h + y
+        ctx.save_for_backward(x2, wn1, n1, r1, w, q, k, v, o, lse, wo, h, wn2, n2, r2, wg, wu, wd, g, u, hh, cos, sin)
+        ctx.cfg = cfg
+        ctx.impls = (qi, mi)
+        ctx.bias = (bq is not None, bk is not None, bv is not None)
+        return out.view(b, s, hd)
+
+    @staticmethod
+    def backward(ctx, dout):
+        from ..core.checks import row_strided
+        from ..ops.attention.api import _flash_bwd
+        from ..ops.norm.api import prenorm_backward
+        (x2, wn1, n1, r1, w, q, k, v, o, lse, wo, h, wn2, n2, r2, wg, wu, wd, g, u, hh, cos,
+         sin) = ctx.saved_tensors
+        eps1, eps2, act, hq, hk, d, scale = ctx.cfg
+        qi, mi = ctx.impls
+        b, s = q.shape[0], q.shape[1]
+        m, hd = x2.shape
+        nig = ctx.needs_input_grad
+        do2 = row_strided(dout.reshape(m, hd))
+        dn2, dwg, dwu, dwd = mi.backward(do2, n2, wg, wu, wd, g, u, hh, act, (True, nig[10], nig[11], nig[12]))
+        dh, dwn2 = prenorm_backward(dn2, h, wn2, r2, eps2, "auto")
+        dh += do2
+        dwo = torch.mm(dh.t(), o.reshape(m, hq * d)) if nig[8] else None
+        do = torch.mm(dh, wo).view(b, s, hq, d)
+        dq, dk, dv, _ = _flash_bwd(do, q, k, v, o, lse, None, None, s, s, True, scale, -1, -1, 0.0, None,
+                                   "flash_attention", "auto")
+        need_w, need_b = any(nig[2:5]), any(nig[5:8])
+        dn1, dw, db = qi.backward(dq, dk, dv, n1.view(b, s, hd), w, cos, sin, (hq, hk, d), (True, need_w, need_b))
+        dx1, dwn1 = prenorm_backward(dn1.reshape(m, hd), x2, wn1, r1, eps1, "auto")
+        dh += dx1
+        nq, nk = hq * d, hk * d
+        cuts = ((0, nq), (nq, nq + nk), (nq + nk, nq + 2 * nk))
+        dws = tuple(dw[a:z] if (need_w and n) else None for (a, z), n in zip(cuts, nig[2:5]))
+        dbs = tuple(db[a:z] if (need_b and n and has) else None for (a, z), n, has in zip(cuts, nig[5:8], ctx.bias))
+        return (dh.view(b, s, hd), dwn1 if nig[1] else None, *dws, *dbs, dwo, dwn2 if nig[9] else None,
+                dwg, dwu, dwd, None, None, None)
+
+
+def _node(m: nn.Module, ops: Any, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps1: float,
+          eps2: float, act: str) -> torch.Tensor:
+    a, mlp = m.self_attn, m.mlp
+    counts = getattr(ops, "counts", None)
+    if counts is not None:  # (the proof's op counts: these ops' implementations run inside the node)
+        for name in ("qkv_rope", "flash_attention", "gated_mlp"):
+            counts[name] += 1
+    cfg = (eps1, eps2, act, a.q_proj.weight.shape[0] // a.head_dim, a.k_proj.weight.shape[0] // a.head_dim,
+           a.head_dim, float(a.scaling))
+    return _LayerNode.apply(hidden, m.input_layernorm.weight, a.q_proj.weight, a.k_proj.weight, a.v_proj.weight,
+                            a.q_proj.bias, a.k_proj.bias, a.v_proj.bias, a.o_proj.weight,
+                            m.post_attention_layernorm.weight, mlp.gate_proj.weight, mlp.up_proj.weight,
+                            mlp.down_proj.weight, cos, sin, cfg)
+
+
 def _forward(m: nn.Module, ops: Any, original: Any, eps1: float, eps2: float, act: str):
     a = m.self_attn
 
@@ -45,6 +129,8 @@ def _forward(m: nn.Module, ops: Any, original: Any, eps1: float, eps2: float, ac
                 and (hidden_states.requires_grad or a.q_proj.weight.requires_grad)
                 and not (a.training and a.attention_dropout > 0.0)
                 and position_embeddings[0].shape[-1] == a.head_dim):
+            if NODE and not torch.compiler.is_compiling() and a.o_proj.bias is None:
+                return _node(m, ops, hidden_states, *position_embeddings, eps1, eps2, act)
             return _fused(m, ops, hidden_states, *position_embeddings, eps1, eps2, act)
         if past_key_values is not None:
             kwargs["past_key_values"] = past_key_values
