@@ -186,16 +186,22 @@ def patch_qkv(handle: Any, model: torch.nn.Module, ops: frozenset[str] | None) -
                                       "calls)", ("qkv_rope", "flash_attention")))
 
 
+def probe_inputs(weight: torch.Tensor, head_dim: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random hidden states [2, 5, weight.shape[1]] and rotary tables [2, 5, head_dim] (duplicated
+    halves, as transformers' rotary modules return them) in the weight's dtype and device."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    hidden = torch.randn(2, 5, weight.shape[1], generator=g).to(device=weight.device, dtype=weight.dtype)
+    ang = torch.randn(2, 5, head_dim // 2, generator=g) * 2
+    cos = torch.cat([ang.cos()] * 2, -1).to(device=weight.device, dtype=weight.dtype)
+    sin = torch.cat([ang.sin()] * 2, -1).to(device=weight.device, dtype=weight.dtype)
+    return hidden, cos, sin
+
+
 def _probe_qkv(m, compare, reference_only, plain, tolerance) -> str | None:
     """None when the module's own forward equals the fused one on random inputs (fp32 references),
     else why not."""
     p = m.q_proj.weight
-    b, s, d = 2, 5, m.head_dim
-    g = torch.Generator(device="cpu").manual_seed(0)
-    hidden = torch.randn(b, s, p.shape[1], generator=g).to(device=p.device, dtype=p.dtype)
-    ang = torch.randn(b, s, d // 2, generator=g) * 2
-    cos = torch.cat([ang.cos()] * 2, -1).to(device=p.device, dtype=p.dtype)
-    sin = torch.cat([ang.sin()] * 2, -1).to(device=p.device, dtype=p.dtype)
+    hidden, cos, sin = probe_inputs(p, m.head_dim, 0)
     try:
         with torch.no_grad(), reference_only():
             want = type(m).forward(m, hidden, position_embeddings=(cos, sin), attention_mask=None)[0]

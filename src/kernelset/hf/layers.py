@@ -143,13 +143,9 @@ def _forward(m: nn.Module, ops: Any, original: Any, eps1: float, eps2: float, ac
 
 def _probe(m: nn.Module, eps1: float, eps2: float, act: str, compare, reference_only, plain, tolerance) -> str | None:
     """None when the layer's own forward equals the fused one on random inputs (fp32 references)."""
+    from .attention import probe_inputs
     p = m.self_attn.q_proj.weight
-    b, s, d = 2, 5, m.self_attn.head_dim
-    g = torch.Generator(device="cpu").manual_seed(1)
-    hidden = torch.randn(b, s, p.shape[1], generator=g).to(device=p.device, dtype=p.dtype)
-    ang = torch.randn(b, s, d // 2, generator=g) * 2
-    cos = torch.cat([ang.cos()] * 2, -1).to(device=p.device, dtype=p.dtype)
-    sin = torch.cat([ang.sin()] * 2, -1).to(device=p.device, dtype=p.dtype)
+    hidden, cos, sin = probe_inputs(p, m.self_attn.head_dim, 1)
     try:
         with torch.no_grad(), reference_only():
             want = type(m).forward(m, hidden, attention_mask=None, position_embeddings=(cos, sin))

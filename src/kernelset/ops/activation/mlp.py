@@ -190,11 +190,8 @@ def gated_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down:
     if activation not in ACTIVATIONS:
         raise ArgumentError(op, "activation", " or ".join(repr(a) for a in ACTIVATIONS), repr(activation))
     if norm_weight is not None:
-        checks.tensor(op, "norm_weight", norm_weight)
-        checks.shape(op, "norm_weight", norm_weight, (h,), "x's last dim")
-        checks.same_dtype(op, "norm_weight", norm_weight, "x", x)
-        checks.same_device(op, "norm_weight", norm_weight, "x", x)
-        norm_eps = checks.positive(op, "norm_eps", norm_eps)
+        from ..norm.api import check_prenorm
+        norm_eps = check_prenorm(op, norm_weight, norm_eps, x)
     args = (x, w_gate, w_up, w_down, norm_weight, float(norm_eps), activation, str(backend))
     if torch.compiler.is_compiling():
         return torch.ops.kernelset.gated_mlp(*args)[0]

@@ -196,6 +196,15 @@ def _rms_backward(ctx, dy, drstd):
 _rms_norm_op.register_autograd(_rms_backward, setup_context=_rms_setup)
 
 
+def check_prenorm(op: str, norm_weight: torch.Tensor, norm_eps: object, x: torch.Tensor) -> float:
+    """The checks of a fused op's ``norm_weight`` / ``norm_eps`` against its input x; returns eps."""
+    checks.tensor(op, "norm_weight", norm_weight)
+    checks.shape(op, "norm_weight", norm_weight, (x.shape[-1],), "x's last dim")
+    checks.same_dtype(op, "norm_weight", norm_weight, "x", x)
+    checks.same_device(op, "norm_weight", norm_weight, "x", x)
+    return checks.positive(op, "norm_eps", norm_eps)
+
+
 def prenorm_forward(x2: torch.Tensor, weight: torch.Tensor, eps: float, backend: str) -> tuple[torch.Tensor,
                                                                                                torch.Tensor]:
     """(y, rstd): RMSNorm of the rows of x2 as transformers' LlamaRMSNorm computes it (torch's

@@ -217,11 +217,8 @@ def qkv_rope(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.T
             raise ArgumentError(op, name, f"of shape [S={s}, D={head_dim}] or [B={b}, S, D] (full-width tables)",
                                 f"shape {tuple(t.shape)}")
     if norm_weight is not None:
-        checks.tensor(op, "norm_weight", norm_weight)
-        checks.shape(op, "norm_weight", norm_weight, (hd,), "x's last dim")
-        checks.same_dtype(op, "norm_weight", norm_weight, "x", x)
-        checks.same_device(op, "norm_weight", norm_weight, "x", x)
-        norm_eps = checks.positive(op, "norm_eps", norm_eps)
+        from ..norm.api import check_prenorm
+        norm_eps = check_prenorm(op, norm_weight, norm_eps, x)
     biases = (b_q, b_k, b_v)
     args = (x, w_q, w_k, w_v, *biases, norm_weight, float(norm_eps), cos, sin, hq, hk, head_dim)
     if torch.compiler.is_compiling():
