@@ -21,6 +21,10 @@ from torch import nn
 
 _ACT = {"swiglu": "silu", "gelu_and_mul tanh": "gelu_tanh", "gelu_and_mul none": "gelu"}
 NODE = True  # the layer as one autograd node (_LayerNode); False: the four-node form (_fused); tests compare them
+# inside the node, attention through SDPA where flash_attention's training choice is SDPA (cuDNN on
+# H100/H200: ~2.6 ms less GPU per 1B step than kernelset's Triton backward). Off until a GPU run
+# has checked it: tested on CPU only (torch's CPU flash kernel, by a forced table), session 24.
+NODE_SDPA = False
 
 
 def _fused(m: nn.Module, ops: Any, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps1: float,
@@ -58,7 +62,12 @@ class _LayerNode(torch.autograd.Function):
         n1v = n1.view(b, s, hd)
         qi = dispatch.select("qkv_rope", "auto", (n1v, w, cos, heads), {})
         q, k, v = qi.forward(n1v, w, bias, cos, sin, heads)
-        o, lse = _flash_fwd(q, k, v, None, None, s, s, True, scale, -1, -1, 0.0, None, True, "flash_attention", "auto")
+        inner = _attention(q, k, v, s, scale) if NODE_SDPA else None
+        if inner is not None:  # SDPA's kernel with its own backward, in a one-node graph of its own
+            o, lse = inner[1].transpose(1, 2).detach(), None
+        else:
+            o, lse = _flash_fwd(q, k, v, None, None, s, s, True, scale, -1, -1, 0.0, None, True, "flash_attention",
+                                "auto")
         o2 = o.reshape(m, hq * d)
         h = torch.addmm(x2, o2, wo.t())  # x + o_proj(attention), one cuBLAS call
         n2, r2 = prenorm_forward(h, wn2, eps2, "auto")
@@ -66,6 +75,7 @@ class _LayerNode(torch.autograd.Function):
         y, g, u, hh = mi.forward(n2, wg, wu, wd, act)
         out = h + y
         ctx.save_for_backward(x2, wn1, n1, r1, w, q, k, v, o, lse, wo, h, wn2, n2, r2, wg, wu, wd, g, u, hh, cos, sin)
+        ctx.inner = inner  # (SDPA's leaves and output) or None
         ctx.cfg = cfg
         ctx.impls = (qi, mi)
         ctx.bias = (bq is not None, bk is not None, bv is not None)
@@ -89,8 +99,13 @@ class _LayerNode(torch.autograd.Function):
         dh += do2
         dwo = torch.mm(dh.t(), o.reshape(m, hq * d)) if nig[8] else None
         do = torch.mm(dh, wo).view(b, s, hq, d)
-        dq, dk, dv, _ = _flash_bwd(do, q, k, v, o, lse, None, None, s, s, True, scale, -1, -1, 0.0, None,
-                                   "flash_attention", "auto")
+        if ctx.inner is not None:
+            leaves, out = ctx.inner
+            ctx.inner = None
+            dq, dk, dv = torch.autograd.grad(out, leaves, do.transpose(1, 2))
+        else:
+            dq, dk, dv, _ = _flash_bwd(do, q, k, v, o, lse, None, None, s, s, True, scale, -1, -1, 0.0, None,
+                                       "flash_attention", "auto")
         need_w, need_b = any(nig[2:5]), any(nig[5:8])
         dn1, dw, db = qi.backward(dq, dk, dv, n1.view(b, s, hd), w, cos, sin, (hq, hk, d), (True, need_w, need_b))
         dx1, dwn1 = prenorm_backward(dn1.reshape(m, hd), x2, wn1, r1, eps1, "auto")
@@ -101,6 +116,23 @@ class _LayerNode(torch.autograd.Function):
         dbs = tuple(db[a:z] if (need_b and n and has) else None for (a, z), n, has in zip(cuts, nig[5:8], ctx.bias))
         return (dh.view(b, s, hd), dwn1 if nig[1] else None, *dws, *dbs, dwo, dwn2 if nig[9] else None,
                 dwg, dwu, dwd, None, None, None)
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: int, scale: float) -> tuple | None:
+    """Causal attention of q, k, v [B, S, H, D] inside _LayerNode's forward where flash_attention's
+    AUTO choice for a training call is an SDPA backend (its "train" table rows: cuDNN on H100/H200):
+    SDPA's kernel op runs under autograd on detached leaves, and the node's backward asks that
+    one-node graph for dq, dk, dv. Returns (leaves, out [B, H, S, D]), or None: the caller runs
+    kernelset's op (forward with its LSE, its own backward)."""
+    from ..ops.attention import backends as attn_backends
+    from ..ops.attention.api import _train_backend
+    with torch.enable_grad():
+        leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+        be = _train_backend("flash_attention", "auto", *leaves, None, None, s, s, True, -1, -1, 0.0, None)
+        if not be:
+            return None
+        out = attn_backends.sdpa_train(be, None, None, None, True, scale, tuple(t.transpose(1, 2) for t in leaves))
+    return leaves, out
 
 
 def _node(m: nn.Module, ops: Any, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps1: float,

@@ -564,7 +564,7 @@ def sdpa_train(backend: str, q, k, v, causal: bool, scale: float, heads: tuple |
         from torch.nn.attention import SDPBackend, sdpa_kernel
         which = {"sdpa_cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa_flash": SDPBackend.FLASH_ATTENTION,
                  "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}[str(backend)]
-        gqa = q.shape[2] != k.shape[2]
+        gqa = qt.shape[1] != kt.shape[1]
         with sdpa_kernel([which]):
             out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale,
                                                  **({"enable_gqa": True} if gqa else {}))
