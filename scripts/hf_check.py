@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decode-rounds", type=int, default=5, help="interleaved rounds of unpatched/patched decode")
     p.add_argument("--skip", default="", help="comma list of: top1, fp32, prefill, decode, train")
     p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--node-sdpa", action="store_true",
+                   help="training: attention through SDPA inside the one-node decoder layers (hf.layers.NODE_SDPA, "
+                        "off by default until a GPU run has checked it)")
     args = p.parse_args(argv)
     try:
         import transformers
@@ -169,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         del model
         _free()
 
+    if args.node_sdpa:
+        from kernelset.hf import layers
+        layers.NODE_SDPA = True
     if "train" not in skip:
         cfg1 = config_for("llama-3.2-1b")
         tids = torch.randint(0, cfg1["vocab_size"], (args.train_batch, args.seq), generator=g).to(dev)
