@@ -525,6 +525,11 @@ def _lce_forward(model: nn.Module, ops: Any, original: Callable) -> Callable:
     base = getattr(model, model.base_model_prefix)
     head = model.lm_head
     cap = getattr(model.config, "final_logit_softcapping", None)
+    # the outputs' cache field: `cache` in newer transformers (`past_key_values` there is a deprecated
+    # alias that logs a warning), `past_key_values` before
+    import dataclasses
+    cache_field = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} \
+        else "past_key_values"
 
     def forward(input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, inputs_embeds=None,
                 labels=None, use_cache=None, logits_to_keep=0, **kwargs):
@@ -547,8 +552,8 @@ def _lce_forward(model: nn.Module, ops: Any, original: Callable) -> Callable:
                                         reduction="mean" if num_items is None else "sum")
         if num_items is not None:
             loss = loss / (num_items.to(loss.device) if torch.is_tensor(num_items) else num_items)
-        return CausalLMOutputWithPast(loss=loss, logits=None, past_key_values=out.past_key_values,
-                                      hidden_states=out.hidden_states, attentions=out.attentions)
+        return CausalLMOutputWithPast(loss=loss, logits=None, hidden_states=out.hidden_states,
+                                      attentions=out.attentions, **{cache_field: getattr(out, cache_field, None)})
     return forward
 
 
