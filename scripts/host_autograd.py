@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import kernelset as ks
+from hf_torch_ops import hf_rms, hf_rope  # (this folder: python puts it on the path)
 
 dev = torch.device("cuda")
 bf = torch.bfloat16
@@ -41,23 +42,6 @@ gate = leaf(1, T, I)
 up = leaf(1, T, I)
 wl = leaf(I, H, scale=0.02)
 wg, wu, wd = leaf(I, H, scale=0.02), leaf(I, H, scale=0.02), leaf(H, I, scale=0.02)
-
-
-def hf_rms(x, w, eps=1e-5):
-    h = x.to(torch.float32)
-    var = h.pow(2).mean(-1, keepdim=True)
-    h = h * torch.rsqrt(var + eps)
-    return w * h.to(x.dtype)
-
-
-def rotate_half(t):
-    a, b = t[..., : t.shape[-1] // 2], t[..., t.shape[-1] // 2:]
-    return torch.cat((-b, a), dim=-1)
-
-
-def hf_rope(q, k, cos, sin):
-    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
-    return q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
 
 
 def hf_attn(q, k, v):  # transformers' sdpa_attention_forward, causal, no mask, GQA through enable_gqa

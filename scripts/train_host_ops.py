@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 import kernelset as ks
+from hf_torch_ops import hf_rms, hf_rope  # (this folder: python puts it on the path)
 from kernelset.hf.patching import CountingOps
 
 dev = torch.device("cuda")
@@ -38,23 +39,6 @@ gate = torch.randn(1, T, I, device=dev, dtype=bf, requires_grad=True)
 up = torch.randn(1, T, I, device=dev, dtype=bf, requires_grad=True)
 qs, ks_, vs = (t.transpose(1, 2) for t in (q, k, v))  # [B, S, H, D] for ks.flash_attention
 counting = CountingOps()
-
-
-def hf_rms(x, w, eps=1e-5):
-    h = x.to(torch.float32)
-    var = h.pow(2).mean(-1, keepdim=True)
-    h = h * torch.rsqrt(var + eps)
-    return w * h.to(x.dtype)
-
-
-def rotate_half(t):
-    a, b = t[..., : t.shape[-1] // 2], t[..., t.shape[-1] // 2:]
-    return torch.cat((-b, a), dim=-1)
-
-
-def hf_rope(q, k, cos, sin):
-    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
-    return q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
 
 
 CASES = {

@@ -434,10 +434,13 @@ def test_sdpa_training_rejections(opts, why, device):
         ks.flash_attention_varlen(q[0], k[0], v[0], cu, cu, 24, 24, backend="sdpa_flash")
 
 
-def _train_table(monkeypatch, order):
+def _train_table(monkeypatch, order, head_dim=32):
+    """The attention table replaced by a "train" row ranking ``order`` (and a "fwd" row ranking the
+    reference first) for fp32, causal, short sequences of ``head_dim``, on a stand-in sm_90."""
     from kernelset.ops.attention import dispatch_table
-    rows = [dict(arch="sm_90", dtype="float32", head_dim="32", causal=True, mode=mode, shape_class="short",
-                 order=order, ms={n: float(i + 1) for i, n in enumerate(order)}, shape=[1, 24, 4, 2, 32, 32])
+    rows = [dict(arch="sm_90", dtype="float32", head_dim=str(head_dim), causal=True, mode=mode, shape_class="short",
+                 order=order, ms={n: float(i + 1) for i, n in enumerate(order)},
+                 shape=[1, 24, 4, 2, head_dim, head_dim])
             for mode in ("train", "fwd")]
     rows[1]["order"] = ["reference"]
     monkeypatch.setattr(dispatch_table, "TABLE", {"format": 1, "measured_on": [{"device": "test", "date": "today"}],
@@ -526,17 +529,23 @@ def test_training_through_sdpa_bhsd_records_no_transpose(monkeypatch):
     dispatch.clear_cache()
 
 
+def _record_sdpa_train(monkeypatch) -> list:
+    """backends.sdpa_train wrapped: the returned list gets the backend of every call."""
+    calls = []
+    real = BK.sdpa_train
+
+    def counting(*args):
+        calls.append(args[0])
+        return real(*args)
+
+    monkeypatch.setattr(BK, "sdpa_train", counting)
+    return calls
+
+
 def test_compile_fullgraph_training_through_sdpa(monkeypatch):
     _train_table(monkeypatch, ["sdpa_flash", "triton"])
     q, k, v = _qkv_grad("cpu")
-    traced = []
-    sdpa_train = BK.sdpa_train
-
-    def counting(*args):
-        traced.append(args[0])
-        return sdpa_train(*args)
-
-    monkeypatch.setattr(BK, "sdpa_train", counting)
+    traced = _record_sdpa_train(monkeypatch)
 
     def f(q, k, v):
         return (ks.flash_attention(q, k, v, causal=True) * 2).sum()

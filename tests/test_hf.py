@@ -344,29 +344,15 @@ def test_training_layer_node_with_sdpa_inside(monkeypatch):
     """layers.NODE_SDPA: where flash_attention's training choice is an SDPA backend (a forced "train"
     row here: torch's CPU flash kernel), the one-node layer runs SDPA in a graph of its own and asks it
     for dq, dk, dv in its backward; loss and gradients equal the four-node form's."""
+    from test_flash_attention import _record_sdpa_train, _train_table
+
     from kernelset.core import dispatch
     from kernelset.hf import layers
     from kernelset.ops.attention import api as attn_api
-    from kernelset.ops.attention import backends as attn_backends
-    from kernelset.ops.attention import dispatch_table
     m0 = tiny_model("llama").train()
     m1 = copy.deepcopy(m0)
-    d = m0.model.layers[0].self_attn.head_dim
-    order = ["sdpa_flash", "triton", "reference"]
-    rows = [dict(arch="sm_90", dtype="float32", head_dim=str(d), causal=True, mode="train", shape_class="short",
-                 order=order, ms={n: float(i + 1) for i, n in enumerate(order)}, shape=[2, 12, 4, 2, d, d])]
-    monkeypatch.setattr(dispatch_table, "TABLE", {"format": 1, "measured_on": [{"device": "test", "date": "today"}],
-                                                  "rows": rows})
-    monkeypatch.setattr(attn_backends, "device_arch", lambda dev: (9, 0))
-    dispatch.clear_cache()
-    attn_api._family_cache.clear()
-    calls = []
-    real = attn_backends.sdpa_train
-
-    def counting(*args):
-        calls.append(args[0])
-        return real(*args)
-    monkeypatch.setattr(attn_backends, "sdpa_train", counting)
+    _train_table(monkeypatch, ["sdpa_flash", "triton", "reference"], head_dim=m0.model.layers[0].self_attn.head_dim)
+    calls = _record_sdpa_train(monkeypatch)
     ids = torch.randint(0, 128, (2, 12), device=DEVICE)
     res = []
     for model, node in ((m0, True), (m1, False)):

@@ -1,11 +1,13 @@
-"""Training mode: a LLaMA-style decoder layer's training call with four kernelset nodes.
+"""Training mode: a LLaMA-style decoder layer's training call as one autograd node.
 
 ``input_layernorm -> self_attn -> + residual -> post_attention_layernorm -> mlp -> + residual``
-runs as ``qkv_rope(norm_weight=input norm)`` (the norm, the q/k/v projections and the rotation:
-one node), ``flash_attention(layout="bhsd")`` (SDPA's own node), ``o_proj``, the residual add,
-``gated_mlp(norm_weight=post-attention norm)`` (the norm and the MLP: one node) and the residual
-add. The modules' own code (already patched module by module) records ~30 autograd nodes per layer;
-a training step of a 1B model is host-bound on them.
+runs as ``qkv_rope(norm_weight=input norm)`` (the norm, the q/k/v projections and the rotation),
+attention, ``o_proj`` with the residual add, ``gated_mlp(norm_weight=post-attention norm)`` (the
+norm and the MLP) and the residual add: by default those ops' implementations in sequence inside
+one node (``_LayerNode``), or, under torch.compile or with an o_proj bias, as the ops themselves
+(``_fused``: ``qkv_rope``, SDPA's node through ``flash_attention(layout="bhsd")``, ``o_proj``,
+``gated_mlp``). The modules' own code (already patched module by module) records ~30 autograd
+nodes per layer; a training step of a 1B model is host-bound on them.
 
 A layer joins only where its norms were patched as Llama RMSNorm (weight, rounded before it), its
 attention as qkv_rope's (``attention.patch_qkv``), its MLP as a split gated MLP, and a probe on
