@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", default="", help="comma list of: top1, fp32, prefill, decode, train")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--node-sdpa", action="store_true",
-                   help="training: attention through SDPA inside the one-node decoder layers (hf.layers.NODE_SDPA, "
-                        "off by default until a GPU run has checked it)")
+                   help="training: also time the one-node decoder layers with SDPA's kernels inside "
+                        "(hf.layers.NODE_SDPA), interleaved with the other variants")
     args = p.parse_args(argv)
     try:
         import transformers
@@ -172,9 +172,6 @@ def main(argv: list[str] | None = None) -> int:
         del model
         _free()
 
-    if args.node_sdpa:
-        from kernelset.hf import layers
-        layers.NODE_SDPA = True
     if "train" not in skip:
         cfg1 = config_for("llama-3.2-1b")
         tids = torch.randint(0, cfg1["vocab_size"], (args.train_batch, args.seq), generator=g).to(dev)
@@ -185,7 +182,12 @@ def main(argv: list[str] | None = None) -> int:
         # report takes each variant's median round and its largest peak
         variants = (("unpatched", False, None), ("kernelset", True, None),
                     ("kernelset_fp32_states", True, torch.float32), ("unpatched_foreach_adamw", False, "foreach"))
+        if args.node_sdpa:  # the one-node layers with SDPA's kernels inside, interleaved with the others
+            variants += (("kernelset_node_sdpa", True, None),)
+        from kernelset.hf import layers
+        node_sdpa = layers.NODE_SDPA
         for name, patched, state_dtype in variants * args.train_rounds:
+            layers.NODE_SDPA = node_sdpa or name == "kernelset_node_sdpa"
             model = build_model(cfg1, dtype=torch.bfloat16, device=dev).train()
             handle = ks.hf.kernelize(model, mode="training") if patched else None
             # the baseline: torch's fused AdamW, the HF Trainer's default ("adamw_torch_fused")
@@ -218,7 +220,9 @@ def main(argv: list[str] | None = None) -> int:
                f"{out['unpatched']['peak_gib']:.1f} -> {out['kernelset']['peak_gib']:.1f} GiB (AdamW states in the "
                f"param dtype, as torch's; unpatched with torch's fused AdamW, the HF Trainer's default); with fp32 "
                f"states {f32['ms']:.1f} ms ({out['unpatched']['ms'] / f32['ms']:.2f}x), {f32['peak_gib']:.1f} GiB; "
-               f"unpatched with torch's foreach AdamW {out['unpatched_foreach_adamw']['ms']:.1f} ms; ops {out['counts']}")
+               f"unpatched with torch's foreach AdamW {out['unpatched_foreach_adamw']['ms']:.1f} ms; ops {out['counts']}"
+               + (f"; with SDPA inside the layer nodes {out['kernelset_node_sdpa']['ms']:.1f} ms "
+                  f"({out['unpatched']['ms'] / out['kernelset_node_sdpa']['ms']:.2f}x)" if args.node_sdpa else ""))
 
     if args.json:
         with open(args.json, "w") as f:

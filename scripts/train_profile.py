@@ -4,7 +4,8 @@ the host time to enqueue it (the step returns before the GPU is done: if enqueue
 as the step, the step is host-bound), the GPU time of its kernels (torch.profiler, CUDA self time)
 by kernel family, and the Python functions with the most own time (cProfile over two steps).
 
-Usage (GPU, transformers installed): python scripts/train_profile.py [--unpatched]
+Usage (GPU, transformers installed): python scripts/train_profile.py [--unpatched] [--node-sdpa]
+(--node-sdpa: SDPA's kernels inside the one-node decoder layers, hf.layers.NODE_SDPA)
 """
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ from kernelset.hf.evaluate import build_model, config_for
 
 def main() -> int:
     patched = "--unpatched" not in sys.argv
+    if "--node-sdpa" in sys.argv:
+        from kernelset.hf import layers
+        layers.NODE_SDPA = True
     dev = torch.device("cuda")
     cfg = config_for("llama-3.2-1b")
     g = torch.Generator().manual_seed(0)

@@ -64,9 +64,9 @@ class _LayerNode(torch.autograd.Function):
         n1v = n1.view(b, s, hd)
         qi = dispatch.select("qkv_rope", "auto", (n1v, w, cos, heads), {})
         q, k, v = qi.forward(n1v, w, bias, cos, sin, heads)
-        inner = _attention(q, k, v, s, scale) if NODE_SDPA else None
-        if inner is not None:  # SDPA's kernel with its own backward, in a one-node graph of its own
-            o, lse = inner[1].transpose(1, 2).detach(), None
+        sdpa = _attention(q, k, v, s, scale) if NODE_SDPA else None
+        if sdpa is not None:  # SDPA's kernel, its backward called in ours
+            o, lse = sdpa[1].transpose(1, 2), None
         else:
             o, lse = _flash_fwd(q, k, v, None, None, s, s, True, scale, -1, -1, 0.0, None, True, "flash_attention",
                                 "auto")
@@ -77,7 +77,7 @@ class _LayerNode(torch.autograd.Function):
         y, g, u, hh = mi.forward(n2, wg, wu, wd, act)
         out = h + y
         ctx.save_for_backward(x2, wn1, n1, r1, w, q, k, v, o, lse, wo, h, wn2, n2, r2, wg, wu, wd, g, u, hh, cos, sin)
-        ctx.inner = inner  # (SDPA's leaves and output) or None
+        ctx.sdpa = sdpa  # (backend, out [B, H, S, D], what its backward needs) or None
         ctx.cfg = cfg
         ctx.impls = (qi, mi)
         ctx.bias = (bq is not None, bk is not None, bv is not None)
@@ -101,10 +101,13 @@ class _LayerNode(torch.autograd.Function):
         dh += do2
         dwo = torch.mm(dh.t(), o.reshape(m, hq * d)) if nig[8] else None
         do = torch.mm(dh, wo).view(b, s, hq, d)
-        if ctx.inner is not None:
-            leaves, out = ctx.inner
-            ctx.inner = None
-            dq, dk, dv = torch.autograd.grad(out, leaves, do.transpose(1, 2))
+        if ctx.sdpa is not None:
+            from ..ops.attention.backends import sdpa_bwd_saved
+            be, out, saved = ctx.sdpa
+            ctx.sdpa = None
+            dq, dk, dv = (t.transpose(1, 2) for t in sdpa_bwd_saved(
+                be, do.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), out, saved, True,
+                scale))
         else:
             dq, dk, dv, _ = _flash_bwd(do, q, k, v, o, lse, None, None, s, s, True, scale, -1, -1, 0.0, None,
                                        "flash_attention", "auto")
@@ -123,18 +126,17 @@ class _LayerNode(torch.autograd.Function):
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: int, scale: float) -> tuple | None:
     """Causal attention of q, k, v [B, S, H, D] inside _LayerNode's forward where flash_attention's
     AUTO choice for a training call is an SDPA backend (its "train" table rows: cuDNN on H100/H200):
-    SDPA's kernel op runs under autograd on detached leaves, and the node's backward asks that
-    one-node graph for dq, dk, dv. Returns (leaves, out [B, H, S, D]), or None: the caller runs
-    kernelset's op (forward with its LSE, its own backward)."""
+    SDPA's kernel called as a function, its backward kernel called by the node's backward. Returns
+    (backend, out [B, H, S, D], saved), or None: the caller runs kernelset's op (forward with its
+    LSE, its own backward)."""
     from ..ops.attention import backends as attn_backends
     from ..ops.attention.api import _train_backend
-    with torch.enable_grad():
-        leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
-        be = _train_backend("flash_attention", "auto", *leaves, None, None, s, s, True, -1, -1, 0.0, None)
-        if not be:
-            return None
-        out = attn_backends.sdpa_train(be, None, None, None, True, scale, tuple(t.transpose(1, 2) for t in leaves))
-    return leaves, out
+    # (the choice as for q, k, v recording gradients, which the node's inputs do)
+    be = _train_backend("flash_attention", "auto", *(t.detach().requires_grad_() for t in (q, k, v)), None, None, s,
+                        s, True, -1, -1, 0.0, None)
+    res = attn_backends.sdpa_fwd_saved(be, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), True,
+                                       scale) if be else None
+    return None if res is None else (be, res[0], res[1])
 
 
 def _node(m: nn.Module, ops: Any, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps1: float,

@@ -588,6 +588,41 @@ def _sdpa_train_direct(backend: str, q, k, v, causal: bool, scale: float) -> tor
     return None
 
 
+def sdpa_fwd_saved(backend: str, q, k, v, causal: bool, scale: float) -> tuple | None:
+    """SDPA's kernel for ``backend`` as a plain function (no autograd): q, k, v [B, H, S, D] ->
+    (out [B, H, S, D], what ``sdpa_bwd_saved`` needs), for a caller that records its own backward
+    (hf.layers._LayerNode). cuDNN (GQA as is) and flash on CUDA (no GQA, head sizes F.sdpa does not
+    pad), torch's flash kernel on CPU; None otherwise (the caller runs kernelset's op)."""
+    aten = torch.ops.aten
+    if q.device.type == "cpu" and backend == "sdpa_flash":
+        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+        return out, (lse,)
+    if q.device.type != "cuda":
+        return None
+    if backend == "sdpa_cudnn":
+        r = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False, scale=scale)
+        return r[0], (r[1], r[6], r[7], r[2], r[3], r[4], r[5])
+    if backend == "sdpa_flash" and q.shape[1] == k.shape[1] and not q.shape[-1] % 8 and not v.shape[-1] % 8:
+        r = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)
+        return r[0], (r[1], r[2], r[3], r[4], r[5], r[6], r[7])
+    return None
+
+
+def sdpa_bwd_saved(backend: str, dout, q, k, v, out, saved: tuple, causal: bool, scale: float) -> tuple:
+    """dq, dk, dv of ``sdpa_fwd_saved``'s call (dout [B, H, S, D], laid out as out is)."""
+    aten = torch.ops.aten
+    if q.device.type == "cpu":
+        return aten._scaled_dot_product_flash_attention_for_cpu_backward(dout, q, k, v, out, saved[0], 0.0, causal,
+                                                                         scale=scale)
+    if backend == "sdpa_cudnn":
+        lse, seed, offset, cq, ck, mq, mk = saved
+        return aten._scaled_dot_product_cudnn_attention_backward(dout, q, k, v, out, lse, seed, offset, None, cq, ck,
+                                                                 mq, mk, 0.0, causal, scale=scale)
+    lse, cq, ck, mq, mk, seed, offset = saved
+    return aten._scaled_dot_product_flash_attention_backward(dout, q, k, v, out, lse, cq, ck, mq, mk, 0.0, causal,
+                                                             seed, offset, scale=scale)
+
+
 def _fa_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, sinks, need_lse):
     import flash_attn
     left, right = _norm_window(causal, window)
