@@ -23,10 +23,10 @@ from torch import nn
 
 _ACT = {"swiglu": "silu", "gelu_and_mul tanh": "gelu_tanh", "gelu_and_mul none": "gelu"}
 NODE = True  # the layer as one autograd node (_LayerNode); False: the four-node form (_fused); tests compare them
-# inside the node, attention through SDPA where flash_attention's training choice is SDPA (cuDNN on
-# H100/H200: ~2.6 ms less GPU per 1B step than kernelset's Triton backward). Off until a GPU run
-# has checked it: tested on CPU only (torch's CPU flash kernel, by a forced table), session 24.
-NODE_SDPA = False
+# inside the node, attention through SDPA's kernels where flash_attention's training choice is SDPA
+# (cuDNN on H100/H200): 3.3 ms of attention kernels per 1B step against 6.7 for kernelset's Triton
+# backward; on an H100 the step went 53.8 -> 51.6 ms (session 25, run 1; GPU test in test_hf.py)
+NODE_SDPA = True
 
 
 def _fused(m: nn.Module, ops: Any, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps1: float,
@@ -41,86 +41,99 @@ def _fused(m: nn.Module, ops: Any, hidden: torch.Tensor, cos: torch.Tensor, sin:
                              norm_weight=m.post_attention_layernorm.weight, norm_eps=eps2)
 
 
+def layer_forward(x, wn1, wq, wk, wv, bq, bk, bv, wo, wn2, wg, wu, wd, cos, sin, cfg) -> tuple:
+    """The fused layer's forward as plain calls (no autograd): (out [B, S, hidden], what
+    ``layer_backward`` reads). Shared by ``_LayerNode`` and the CUDA-graphed layers (graphs.py)."""
+    from ..core import dispatch
+    from ..ops.attention.api import _flash_fwd
+    from ..ops.norm.api import prenorm_forward
+    from ..ops.rope.qkv import _cat
+    eps1, eps2, act, hq, hk, d, scale = cfg
+    b, s, hd = x.shape
+    m = b * s
+    x2 = x.reshape(m, hd)
+    n1, r1 = prenorm_forward(x2, wn1, eps1, "auto")
+    w, bias = _cat(wq, wk, wv, bq, bk, bv)
+    heads = (hq, hk, d)
+    n1v = n1.view(b, s, hd)
+    qi = dispatch.select("qkv_rope", "auto", (n1v, w, cos, heads), {})
+    q, k, v = qi.forward(n1v, w, bias, cos, sin, heads)
+    sdpa = _attention(q, k, v, s, scale) if NODE_SDPA else None
+    if sdpa is not None:  # SDPA's kernel, its backward called in ours
+        o, lse = sdpa[1].transpose(1, 2), None
+    else:
+        o, lse = _flash_fwd(q, k, v, None, None, s, s, True, scale, -1, -1, 0.0, None, True, "flash_attention",
+                            "auto")
+    o2 = o.reshape(m, hq * d)
+    h = torch.addmm(x2, o2, wo.t())  # x + o_proj(attention), one cuBLAS call
+    n2, r2 = prenorm_forward(h, wn2, eps2, "auto")
+    mi = dispatch.select("gated_mlp", "auto", (n2, wg, wu, wd), {})
+    y, g, u, hh = mi.forward(n2, wg, wu, wd, act)
+    out = h + y
+    saved = (x2, wn1, n1, r1, w, q, k, v, o, lse, wo, h, wn2, n2, r2, wg, wu, wd, g, u, hh, cos, sin)
+    return out.view(b, s, hd), saved, sdpa, (qi, mi)
+
+
+def layer_backward(dout, saved, sdpa, impls, cfg, has_bias, nig) -> tuple:
+    """The gradients ``_LayerNode.backward`` returns (``nig``: its needs_input_grad), from
+    ``layer_forward``'s saved tensors; the q/k/v weight and bias gradients are slices of one
+    tensor each."""
+    from ..core.checks import row_strided
+    from ..ops.attention.api import _flash_bwd
+    from ..ops.norm.api import prenorm_backward
+    (x2, wn1, n1, r1, w, q, k, v, o, lse, wo, h, wn2, n2, r2, wg, wu, wd, g, u, hh, cos, sin) = saved
+    eps1, eps2, act, hq, hk, d, scale = cfg
+    qi, mi = impls
+    b, s = q.shape[0], q.shape[1]
+    m, hd = x2.shape
+    do2 = row_strided(dout.reshape(m, hd))
+    dn2, dwg, dwu, dwd = mi.backward(do2, n2, wg, wu, wd, g, u, hh, act, (True, nig[10], nig[11], nig[12]))
+    dh, dwn2 = prenorm_backward(dn2, h, wn2, r2, eps2, "auto")
+    dh += do2
+    dwo = torch.mm(dh.t(), o.reshape(m, hq * d)) if nig[8] else None
+    do = torch.mm(dh, wo).view(b, s, hq, d)
+    if sdpa is not None:
+        from ..ops.attention.backends import sdpa_bwd_saved
+        be, out, extra = sdpa
+        dq, dk, dv = (t.transpose(1, 2) for t in sdpa_bwd_saved(
+            be, do.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), out, extra, True, scale))
+    else:
+        dq, dk, dv, _ = _flash_bwd(do, q, k, v, o, lse, None, None, s, s, True, scale, -1, -1, 0.0, None,
+                                   "flash_attention", "auto")
+    need_w, need_b = any(nig[2:5]), any(nig[5:8])
+    dn1, dw, db = qi.backward(dq, dk, dv, n1.view(b, s, hd), w, cos, sin, (hq, hk, d), (True, need_w, need_b))
+    dx1, dwn1 = prenorm_backward(dn1.reshape(m, hd), x2, wn1, r1, eps1, "auto")
+    dh += dx1
+    nq, nk = hq * d, hk * d
+    cuts = ((0, nq), (nq, nq + nk), (nq + nk, nq + 2 * nk))
+    dws = tuple(dw[a:z] if (need_w and n) else None for (a, z), n in zip(cuts, nig[2:5]))
+    dbs = tuple(db[a:z] if (need_b and n and has) else None for (a, z), n, has in zip(cuts, nig[5:8], has_bias))
+    return (dh.view(b, s, hd), dwn1 if nig[1] else None, *dws, *dbs, dwo, dwn2 if nig[9] else None,
+            dwg, dwu, dwd, None, None, None)
+
+
 class _LayerNode(torch.autograd.Function):
     """The whole layer as one autograd node: the same sub-ops' forward and backward implementations
     (dispatched as their public functions dispatch them), called in sequence here, with attention
-    through kernelset's flash_attention op (forward with its LSE, its own backward) instead of SDPA's
-    autograd. One node per layer where ``_fused`` records six; a training step of a 1B model
-    spends most of its host time recording and running nodes."""
+    through SDPA's kernels called as functions (NODE_SDPA, where AUTO picks SDPA for a training
+    call) or kernelset's flash_attention op (forward with its LSE, its own backward). One node per
+    layer where ``_fused`` records six; a training step of a 1B model spends most of its host time
+    recording and running nodes."""
 
     @staticmethod
     def forward(ctx, x, wn1, wq, wk, wv, bq, bk, bv, wo, wn2, wg, wu, wd, cos, sin, cfg):
-        from ..core import dispatch
-        from ..ops.attention.api import _flash_fwd
-        from ..ops.norm.api import prenorm_forward
-        from ..ops.rope.qkv import _cat
-        eps1, eps2, act, hq, hk, d, scale = cfg
-        b, s, hd = x.shape
-        m = b * s
-        x2 = x.reshape(m, hd)
-        n1, r1 = prenorm_forward(x2, wn1, eps1, "auto")
-        w, bias = _cat(wq, wk, wv, bq, bk, bv)
-        heads = (hq, hk, d)
-        n1v = n1.view(b, s, hd)
-        qi = dispatch.select("qkv_rope", "auto", (n1v, w, cos, heads), {})
-        q, k, v = qi.forward(n1v, w, bias, cos, sin, heads)
-        sdpa = _attention(q, k, v, s, scale) if NODE_SDPA else None
-        if sdpa is not None:  # SDPA's kernel, its backward called in ours
-            o, lse = sdpa[1].transpose(1, 2), None
-        else:
-            o, lse = _flash_fwd(q, k, v, None, None, s, s, True, scale, -1, -1, 0.0, None, True, "flash_attention",
-                                "auto")
-        o2 = o.reshape(m, hq * d)
-        h = torch.addmm(x2, o2, wo.t())  # x + o_proj(attention), one cuBLAS call
-        n2, r2 = prenorm_forward(h, wn2, eps2, "auto")
-        mi = dispatch.select("gated_mlp", "auto", (n2, wg, wu, wd), {})
-        y, g, u, hh = mi.forward(n2, wg, wu, wd, act)
-        out = h + y
-        ctx.save_for_backward(x2, wn1, n1, r1, w, q, k, v, o, lse, wo, h, wn2, n2, r2, wg, wu, wd, g, u, hh, cos, sin)
+        out, saved, sdpa, impls = layer_forward(x, wn1, wq, wk, wv, bq, bk, bv, wo, wn2, wg, wu, wd, cos, sin, cfg)
+        ctx.save_for_backward(*saved)
         ctx.sdpa = sdpa  # (backend, out [B, H, S, D], what its backward needs) or None
         ctx.cfg = cfg
-        ctx.impls = (qi, mi)
+        ctx.impls = impls
         ctx.bias = (bq is not None, bk is not None, bv is not None)
-        return out.view(b, s, hd)
+        return out
 
     @staticmethod
     def backward(ctx, dout):
-        from ..core.checks import row_strided
-        from ..ops.attention.api import _flash_bwd
-        from ..ops.norm.api import prenorm_backward
-        (x2, wn1, n1, r1, w, q, k, v, o, lse, wo, h, wn2, n2, r2, wg, wu, wd, g, u, hh, cos,
-         sin) = ctx.saved_tensors
-        eps1, eps2, act, hq, hk, d, scale = ctx.cfg
-        qi, mi = ctx.impls
-        b, s = q.shape[0], q.shape[1]
-        m, hd = x2.shape
-        nig = ctx.needs_input_grad
-        do2 = row_strided(dout.reshape(m, hd))
-        dn2, dwg, dwu, dwd = mi.backward(do2, n2, wg, wu, wd, g, u, hh, act, (True, nig[10], nig[11], nig[12]))
-        dh, dwn2 = prenorm_backward(dn2, h, wn2, r2, eps2, "auto")
-        dh += do2
-        dwo = torch.mm(dh.t(), o.reshape(m, hq * d)) if nig[8] else None
-        do = torch.mm(dh, wo).view(b, s, hq, d)
-        if ctx.sdpa is not None:
-            from ..ops.attention.backends import sdpa_bwd_saved
-            be, out, saved = ctx.sdpa
-            ctx.sdpa = None
-            dq, dk, dv = (t.transpose(1, 2) for t in sdpa_bwd_saved(
-                be, do.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), out, saved, True,
-                scale))
-        else:
-            dq, dk, dv, _ = _flash_bwd(do, q, k, v, o, lse, None, None, s, s, True, scale, -1, -1, 0.0, None,
-                                       "flash_attention", "auto")
-        need_w, need_b = any(nig[2:5]), any(nig[5:8])
-        dn1, dw, db = qi.backward(dq, dk, dv, n1.view(b, s, hd), w, cos, sin, (hq, hk, d), (True, need_w, need_b))
-        dx1, dwn1 = prenorm_backward(dn1.reshape(m, hd), x2, wn1, r1, eps1, "auto")
-        dh += dx1
-        nq, nk = hq * d, hk * d
-        cuts = ((0, nq), (nq, nq + nk), (nq + nk, nq + 2 * nk))
-        dws = tuple(dw[a:z] if (need_w and n) else None for (a, z), n in zip(cuts, nig[2:5]))
-        dbs = tuple(db[a:z] if (need_b and n and has) else None for (a, z), n, has in zip(cuts, nig[5:8], ctx.bias))
-        return (dh.view(b, s, hd), dwn1 if nig[1] else None, *dws, *dbs, dwo, dwn2 if nig[9] else None,
-                dwg, dwu, dwd, None, None, None)
+        sdpa, ctx.sdpa = ctx.sdpa, None
+        return layer_backward(dout, ctx.saved_tensors, sdpa, ctx.impls, ctx.cfg, ctx.bias, ctx.needs_input_grad)
 
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: int, scale: float) -> tuple | None:
