@@ -62,9 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decode-rounds", type=int, default=5, help="interleaved rounds of unpatched/patched decode")
     p.add_argument("--skip", default="", help="comma list of: top1, fp32, prefill, decode, train")
     p.add_argument("--json", default=None, help="write the results here")
-    p.add_argument("--node-sdpa", action="store_true",
-                   help="training: also time the one-node decoder layers with SDPA's kernels inside "
-                        "(hf.layers.NODE_SDPA), interleaved with the other variants")
+    p.add_argument("--node-triton-attention", action="store_true",
+                   help="training: also time the one-node decoder layers with kernelset's Triton attention "
+                        "inside (hf.layers.NODE_SDPA off), interleaved with the other variants")
     args = p.parse_args(argv)
     try:
         import transformers
@@ -180,16 +180,18 @@ def main(argv: list[str] | None = None) -> int:
         # like-for-like bar case), then with its default fp32 states (more memory, more accurate)
         # rounds with the variants interleaved (the lent host's speed drifts between minutes); the
         # report takes each variant's median round and its largest peak
-        variants = (("unpatched", False, None), ("kernelset", True, None),
-                    ("kernelset_fp32_states", True, torch.float32), ("unpatched_foreach_adamw", False, "foreach"))
-        if args.node_sdpa:  # the one-node layers with SDPA's kernels inside, interleaved with the others
-            variants += (("kernelset_node_sdpa", True, None),)
+        # (name, patched, AdamW state dtype or "foreach", kernelize(cuda_graphs=), hf.layers.NODE_SDPA)
         from kernelset.hf import layers
-        node_sdpa = layers.NODE_SDPA
-        for name, patched, state_dtype in variants * args.train_rounds:
-            layers.NODE_SDPA = node_sdpa or name == "kernelset_node_sdpa"
+        sdpa = layers.NODE_SDPA
+        variants = (("unpatched", False, None, False, sdpa), ("kernelset", True, None, False, sdpa),
+                    ("kernelset_cuda_graphs", True, None, True, sdpa),
+                    ("kernelset_fp32_states", True, torch.float32, False, sdpa),
+                    ("unpatched_foreach_adamw", False, "foreach", False, sdpa))
+        if args.node_triton_attention:  # the one-node layers with kernelset's Triton attention inside
+            variants += (("kernelset_node_triton_attention", True, None, False, False),)
+        for name, patched, state_dtype, graphed, layers.NODE_SDPA in variants * args.train_rounds:
             model = build_model(cfg1, dtype=torch.bfloat16, device=dev).train()
-            handle = ks.hf.kernelize(model, mode="training") if patched else None
+            handle = ks.hf.kernelize(model, mode="training", cuda_graphs=graphed) if patched else None
             # the baseline: torch's fused AdamW, the HF Trainer's default ("adamw_torch_fused")
             opt = (ks.optim.AdamW(model.parameters(), lr=1e-5, state_dtype=state_dtype) if patched
                    else torch.optim.AdamW(model.parameters(), lr=1e-5, fused=state_dtype != "foreach"))
@@ -208,21 +210,32 @@ def main(argv: list[str] | None = None) -> int:
             out[name] = {"ms": statistics.median(rounds), "peak_gib": max(prev["peak_gib"], peak), "rounds_ms": rounds}
             if handle is not None:
                 out["counts"] = handle.counts
+                if graphed:
+                    out["graph_stats"] = dict(handle.graphs.stats)
                 handle.restore()
             del model, opt, handle, step
             _free()
+        layers.NODE_SDPA = sdpa
         results["train_1b"] = out
-        speed = out["unpatched"]["ms"] / out["kernelset"]["ms"]
-        less = out["kernelset"]["peak_gib"] < out["unpatched"]["peak_gib"]
+        base = out["unpatched"]
+        speed = base["ms"] / out["kernelset"]["ms"]
+        less = out["kernelset"]["peak_gib"] < base["peak_gib"]
         f32 = out["kernelset_fp32_states"]
         report("train_step_1b", speed, speed >= 1.3 and less,
-               f"{out['unpatched']['ms']:.1f} ms -> {out['kernelset']['ms']:.1f} ms ({speed:.2f}x), peak "
-               f"{out['unpatched']['peak_gib']:.1f} -> {out['kernelset']['peak_gib']:.1f} GiB (AdamW states in the "
+               f"{base['ms']:.1f} ms -> {out['kernelset']['ms']:.1f} ms ({speed:.2f}x), peak "
+               f"{base['peak_gib']:.1f} -> {out['kernelset']['peak_gib']:.1f} GiB (AdamW states in the "
                f"param dtype, as torch's; unpatched with torch's fused AdamW, the HF Trainer's default); with fp32 "
-               f"states {f32['ms']:.1f} ms ({out['unpatched']['ms'] / f32['ms']:.2f}x), {f32['peak_gib']:.1f} GiB; "
+               f"states {f32['ms']:.1f} ms ({base['ms'] / f32['ms']:.2f}x), {f32['peak_gib']:.1f} GiB; "
                f"unpatched with torch's foreach AdamW {out['unpatched_foreach_adamw']['ms']:.1f} ms; ops {out['counts']}"
-               + (f"; with SDPA inside the layer nodes {out['kernelset_node_sdpa']['ms']:.1f} ms "
-                  f"({out['unpatched']['ms'] / out['kernelset_node_sdpa']['ms']:.2f}x)" if args.node_sdpa else ""))
+               + (f"; with kernelset's Triton attention inside the layer nodes "
+                  f"{out['kernelset_node_triton_attention']['ms']:.1f} ms "
+                  f"({base['ms'] / out['kernelset_node_triton_attention']['ms']:.2f}x)"
+                  if args.node_triton_attention else ""))
+        gr = out["kernelset_cuda_graphs"]
+        gspeed = base["ms"] / gr["ms"]
+        report("train_step_1b_cuda_graphs", gspeed, gspeed >= 1.3 and gr["peak_gib"] < base["peak_gib"],
+               f"kernelize(cuda_graphs=True): {base['ms']:.1f} ms -> {gr['ms']:.1f} ms ({gspeed:.2f}x), peak "
+               f"{base['peak_gib']:.1f} -> {gr['peak_gib']:.1f} GiB; graphs {out.get('graph_stats')}")
 
     if args.json:
         with open(args.json, "w") as f:

@@ -4,8 +4,8 @@ the host time to enqueue it (the step returns before the GPU is done: if enqueue
 as the step, the step is host-bound), the GPU time of its kernels (torch.profiler, CUDA self time)
 by kernel family, and the Python functions with the most own time (cProfile over two steps).
 
-Usage (GPU, transformers installed): python scripts/train_profile.py [--unpatched] [--node-sdpa]
-(--node-sdpa: SDPA's kernels inside the one-node decoder layers, hf.layers.NODE_SDPA)
+Usage (GPU, transformers installed): python scripts/train_profile.py [--unpatched] [--cuda-graphs]
+(--cuda-graphs: kernelize(..., cuda_graphs=True))
 """
 from __future__ import annotations
 
@@ -23,15 +23,13 @@ from kernelset.hf.evaluate import build_model, config_for
 
 def main() -> int:
     patched = "--unpatched" not in sys.argv
-    if "--node-sdpa" in sys.argv:
-        from kernelset.hf import layers
-        layers.NODE_SDPA = True
     dev = torch.device("cuda")
     cfg = config_for("llama-3.2-1b")
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg["vocab_size"], (1, 2048), generator=g).to(dev)
     model = build_model(cfg, dtype=torch.bfloat16, device=dev).train()
-    handle = ks.hf.kernelize(model, mode="training") if patched else None
+    handle = (ks.hf.kernelize(model, mode="training", cuda_graphs="--cuda-graphs" in sys.argv) if patched
+              else None)
     opt = (ks.optim.AdamW(model.parameters(), lr=1e-5, state_dtype=None) if patched
            else torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True))  # the HF Trainer's default
 
@@ -129,6 +127,8 @@ def main() -> int:
     pstats.Stats(pr).sort_stats("cumtime").print_stats(40)
     if handle is not None:
         print("ops", handle.counts)
+        if handle.graphs is not None:
+            print("graphs", handle.graphs.stats, {id_: e.failed for id_, e in handle.graphs.entries.items() if e.failed})
         handle.restore()
     return 0
 

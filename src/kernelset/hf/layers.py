@@ -153,7 +153,7 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: int, scale:
 
 
 def _node(m: nn.Module, ops: Any, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps1: float,
-          eps2: float, act: str) -> torch.Tensor:
+          eps2: float, act: str, graphs: Any = None) -> torch.Tensor:
     a, mlp = m.self_attn, m.mlp
     counts = getattr(ops, "counts", None)
     if counts is not None:  # (the proof's op counts: these ops' implementations run inside the node)
@@ -161,13 +161,17 @@ def _node(m: nn.Module, ops: Any, hidden: torch.Tensor, cos: torch.Tensor, sin: 
             counts[name] += 1
     cfg = (eps1, eps2, act, a.q_proj.weight.shape[0] // a.head_dim, a.k_proj.weight.shape[0] // a.head_dim,
            a.head_dim, float(a.scaling))
-    return _LayerNode.apply(hidden, m.input_layernorm.weight, a.q_proj.weight, a.k_proj.weight, a.v_proj.weight,
-                            a.q_proj.bias, a.k_proj.bias, a.v_proj.bias, a.o_proj.weight,
-                            m.post_attention_layernorm.weight, mlp.gate_proj.weight, mlp.up_proj.weight,
-                            mlp.down_proj.weight, cos, sin, cfg)
+    args = (hidden, m.input_layernorm.weight, a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.q_proj.bias,
+            a.k_proj.bias, a.v_proj.bias, a.o_proj.weight, m.post_attention_layernorm.weight, mlp.gate_proj.weight,
+            mlp.up_proj.weight, mlp.down_proj.weight, cos, sin)
+    if graphs is not None:  # kernelize(cuda_graphs=True): the layer's CUDA graphs where their contract allows
+        from .graphs import call
+        return call(graphs, m, args, cfg, (a.q_proj.bias is not None, a.k_proj.bias is not None,
+                                           a.v_proj.bias is not None))
+    return _LayerNode.apply(*args, cfg)
 
 
-def _forward(m: nn.Module, ops: Any, original: Any, eps1: float, eps2: float, act: str):
+def _forward(m: nn.Module, ops: Any, original: Any, eps1: float, eps2: float, act: str, graphs: Any = None):
     a = m.self_attn
 
     def forward(hidden_states, attention_mask=None, position_ids=None, past_key_values=None, cache=None,
@@ -179,7 +183,7 @@ def _forward(m: nn.Module, ops: Any, original: Any, eps1: float, eps2: float, ac
                 and not (a.training and a.attention_dropout > 0.0)
                 and position_embeddings[0].shape[-1] == a.head_dim):
             if NODE and not torch.compiler.is_compiling() and a.o_proj.bias is None:
-                return _node(m, ops, hidden_states, *position_embeddings, eps1, eps2, act)
+                return _node(m, ops, hidden_states, *position_embeddings, eps1, eps2, act, graphs)
             return _fused(m, ops, hidden_states, *position_embeddings, eps1, eps2, act)
         if past_key_values is not None:
             kwargs["past_key_values"] = past_key_values
@@ -236,6 +240,7 @@ def patch(handle: Any, model: nn.Module, ops: frozenset[str] | None) -> None:
         if why is not None:
             handle.skipped.append(Skipped("decoder_layer", path, why))
             continue
-        _set_method(handle, m, "forward", _forward(m, handle.ops, type(m).forward, eps1, eps2, act))
+        _set_method(handle, m, "forward", _forward(m, handle.ops, type(m).forward, eps1, eps2, act, handle.graphs))
         handle.patched.append(Patched("decoder_layer", path, "norm + qkv_rope, attention, o_proj, norm + gated_mlp "
-                                      "(training calls)", ("qkv_rope", "flash_attention", "gated_mlp")))
+                                      f"(training calls{', CUDA graphs' if handle.graphs is not None else ''})",
+                                      ("qkv_rope", "flash_attention", "gated_mlp")))

@@ -252,6 +252,7 @@ class Kernelized:
         self.left_to_torch: list[str] = []  # whole ops kernelset does not provide yet
         self._undo: list[Callable[[], None]] = []
         self.active = True
+        self.graphs = None  # graphs.LayerGraphs with cuda_graphs=True
 
     @property
     def counts(self) -> dict[str, int]:
@@ -268,6 +269,8 @@ class Kernelized:
         """Give back every original forward, function and hook; idempotent."""
         while self._undo:
             self._undo.pop()()
+        if self.graphs is not None:  # the layers' graphs and the memory they hold
+            self.graphs.entries.clear()
         if self.active and getattr(self.model, "_ks_kernelized", None) is self:
             del self.model._ks_kernelized
         self.active = False
@@ -637,7 +640,8 @@ def _note_unpatched(handle: Kernelized, model: nn.Module) -> None:
 
 
 def kernelize(model: nn.Module, *, mode: Mode | str = Mode.INFERENCE,
-              ops: Iterable[str] | None = None, merge_projections: bool | None = None) -> Kernelized:
+              ops: Iterable[str] | None = None, merge_projections: bool | None = None,
+              cuda_graphs: bool = False) -> Kernelized:
     """Swap kernelset ops into ``model`` in place; returns a handle whose ``restore()`` undoes it.
 
     ``mode="training"`` keeps only replacements with a backward (gpt-oss's forward-only gate stays
@@ -645,6 +649,9 @@ def kernelize(model: nn.Module, *, mode: Mode | str = Mode.INFERENCE,
     ``merge_projections`` (default: in inference mode when ``ops`` is not given) runs each module's
     q/k/v and gate/up projections as one GEMM, their weights moved into one matrix that the
     parameters view (projections.py); ``restore()`` gives them separate storage back.
+    ``cuda_graphs=True`` (training mode) replays each fused decoder layer's forward and backward as
+    CUDA graphs where their contract holds (graphs.py: one captured signature per layer, the
+    activations kept between steps) and runs the layer eagerly elsewhere.
     Modules whose behaviour matches no rule are left alone and listed in ``handle.report()``.
     """
     require_transformers()
@@ -666,8 +673,16 @@ def kernelize(model: nn.Module, *, mode: Mode | str = Mode.INFERENCE,
     elif merge_projections and mode is Mode.TRAINING:
         raise ValueError("kernelize: merge_projections=True is for mode='inference' (a training forward needs "
                          "each projection's own GEMM for its weight gradient)")
+    if cuda_graphs not in (True, False):
+        raise ValueError(f"kernelize: argument 'cuda_graphs' must be a bool, got {cuda_graphs!r}")
+    if cuda_graphs and mode is not Mode.TRAINING:
+        raise ValueError("kernelize: cuda_graphs=True is for mode='training' (it graphs the fused decoder layers' "
+                         "training calls)")
     handle = Kernelized(model, mode)
     handle.ops.allowed = wanted
+    if cuda_graphs:
+        from .graphs import LayerGraphs
+        handle.graphs = LayerGraphs()
     try:
         if merge_projections:
             _merge_projections(handle, model)
