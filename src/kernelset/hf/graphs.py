@@ -203,10 +203,11 @@ class _GraphNode(torch.autograd.Function):
         if e.bwd is None:
             e.dout = dout.detach().clone()
             _, saved, sdpa, impls = e.outs
+            cfg, has_bias = ctx.cfg, ctx.has_bias
             g = graphs._graph()
             graphs.backward_captured = True
             try:
-                e.grads = g.capture(lambda: layer_backward(e.dout, saved, sdpa, impls, ctx.cfg, ctx.has_bias, nig)[:15])
+                e.grads = g.capture(lambda: layer_backward(e.dout, saved, sdpa, impls, cfg, has_bias, nig)[:15])
             except Exception as exc:  # noqa: BLE001 (this backward from the graph's saved tensors, eagerly)
                 e.failed = f"backward capture failed ({type(exc).__name__}: {exc})"
                 return (None, None, None, None,
