@@ -10,7 +10,8 @@ For the Llama-3-8B-shaped bf16 prefill of issue 5 (unpatched HF SDPA and kerneli
 - kernels: the sum of kernel times in the profiler; idle = the GPU time between the first kernel's
   start and the last kernel's end not covered by a kernel, split by the kernel that follows the
   gap (what the GPU was waiting for);
-- synchronizing calls: torch's sync debug mode counts the host syncs inside one call.
+- synchronizing calls: torch's sync debug mode counts the host syncs inside one call;
+- the 15 kernels with the most time.
 """
 from __future__ import annotations
 
@@ -88,6 +89,12 @@ def main() -> int:
             print(f"    sync x{n}: {msg}")
         for nm, us in idle.most_common(12):
             print(f"    idle {us / 1e3:7.3f} ms in {count[nm]:4d} gaps before {nm}")
+        by_name, calls = collections.Counter(), collections.Counter()
+        for s0, e0, nm in kern:
+            by_name[nm[:80]] += e0 - s0
+            calls[nm[:80]] += 1
+        for nm, us in by_name.most_common(15):  # where the kernel time goes
+            print(f"    kernel {us / 1e3:7.3f} ms in {calls[nm]:4d} calls: {nm}")
 
     with torch.no_grad():
         measure("HF sdpa")
