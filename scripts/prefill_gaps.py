@@ -101,6 +101,8 @@ def main() -> int:
         with ks.hf.kernelize(model) as h:
             measure("kernelset")
             print(f"    ops {dict(h.counts)}")
+        with ks.hf.kernelize(model, merge_projections=False):  # HF's GEMM shapes
+            measure("kernelset, projections not merged")
     return 0
 
 
