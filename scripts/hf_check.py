@@ -11,8 +11,9 @@
    unpatched + torch's fused AdamW (``fused=True``: the HF Trainer's default optimizer with torch >= 2.8,
    "adamw_torch_fused"; the foreach one is reported too) (bar >= 1.3x faster and less peak memory)
 
-Decode and training run in rounds that alternate the variants (the lent host's speed drifts from
-minute to minute); each side's median round is reported, every round is in the JSON.
+Prefill, decode and training run in rounds that alternate the variants (the lent host's speed
+drifts from minute to minute, the GPU's clock with its temperature and power); each side's median
+round is reported, every round is in the JSON.
 
 ``--layers`` cuts the 8B-shaped model's depth (the per-layer shapes stay 8B's) when time or
 memory is short; the output says which depth ran. Needs transformers: where it is missing (the
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--train-batch", type=int, default=1)
     p.add_argument("--train-rounds", type=int, default=3, help="interleaved rounds of the training variants")
     p.add_argument("--decode-rounds", type=int, default=5, help="interleaved rounds of unpatched/patched decode")
+    p.add_argument("--prefill-rounds", type=int, default=3, help="interleaved rounds of the prefill variants")
     p.add_argument("--skip", default="", help="comma list of: top1, fp32, prefill, decode, train")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--node-triton-attention", action="store_true",
@@ -114,16 +116,23 @@ def main(argv: list[str] | None = None) -> int:
             del base, ours
             _free()
         if "prefill" not in skip:
-            times = {}
+            # rounds alternate the variants: the SM clock drifts with the GPU's temperature and power
+            # within a run (1965-1980 MHz on a cool H200, 1605-1695 MHz after seconds of prefills:
+            # session 25 run 8), so variants timed one after the other would partly measure the clock
+            rounds: dict[str, list[float]] = {"eager": [], "sdpa": [], "kernelset_unmerged": [], "kernelset": []}
             with torch.no_grad():
-                for impl in ("eager", "sdpa"):
-                    model.set_attn_implementation(impl)
-                    times[impl] = _median_time(lambda: model(ids, use_cache=False))
+                for _ in range(args.prefill_rounds):
+                    for variant in rounds:
+                        model.set_attn_implementation("eager" if variant == "eager" else "sdpa")
+                        if variant.startswith("kernelset"):  # (unmerged: the GEMMs as HF runs them)
+                            with ks.hf.kernelize(model, merge_projections=variant == "kernelset"):
+                                t = _median_time(lambda: model(ids, use_cache=False), repeats=3, warmup=1)
+                        else:
+                            t = _median_time(lambda: model(ids, use_cache=False), repeats=3, warmup=1)
+                        rounds[variant].append(t)
                 model.set_attn_implementation("sdpa")
-                with ks.hf.kernelize(model, merge_projections=False):  # information: the GEMMs as HF runs them
-                    times["kernelset_unmerged"] = _median_time(lambda: model(ids, use_cache=False))
-                with ks.hf.kernelize(model):
-                    times["kernelset"] = _median_time(lambda: model(ids, use_cache=False))
+            times = {k: statistics.median(v) for k, v in rounds.items()}
+            results["prefill_rounds_ms"] = {k: [round(t * 1e3, 2) for t in v] for k, v in rounds.items()}
             best = min(times["eager"], times["sdpa"])
             speedup = best / times["kernelset"]
             results["prefill_ms"] = {k: v * 1e3 for k, v in times.items()}
