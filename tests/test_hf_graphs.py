@@ -139,8 +139,7 @@ def test_backward_after_a_later_forward_replay_raises(emulate):
         old.backward(retain_graph=True)
         old.backward(retain_graph=True)  # no forward in between: the graphs' activations are still there
         m1(input_ids=ids, labels=ids).loss.backward()  # replays: the old graph's activations are gone
-        # the final norm saved the last layer's output (overwritten: its version counter says so)
-        with pytest.raises(RuntimeError, match="replaced the activations|modified by an inplace operation"):
+        with pytest.raises(RuntimeError, match="overwrote the activations"):
             old.backward()
         # a layer called alone (its graphs captured above): nothing after it saved its output
         layer = m1.model.layers[0]
@@ -149,8 +148,41 @@ def test_backward_after_a_later_forward_replay_raises(emulate):
         old = layer(x, position_embeddings=pe).sum()
         old.backward(retain_graph=True)
         layer(x, position_embeddings=pe).sum().backward()
-        with pytest.raises(RuntimeError, match="replaced the activations its graph saved"):
+        with pytest.raises(RuntimeError, match="overwrote the activations"):
             old.backward()
+
+
+def test_a_replay_marks_later_captured_layers_stale(emulate):
+    """Layer 0's forward replay may overwrite what layer 1's graph saved (layer 1 was captured
+    after it, in the same pool): a retained backward through layer 1 raises. (The emulation fills
+    NaN where a replay may write, so without the check the gradients would be NaN, silently.)"""
+    m1 = _model()
+    with kernelize(m1, mode="training", cuda_graphs=True):
+        for step in range(2):
+            ids = _ids(seed=step)
+            m1(input_ids=ids, labels=ids).loss.backward()
+        ids = _ids(seed=3)
+        old = m1(input_ids=ids, use_cache=False).logits.square().mean()
+        old.backward(retain_graph=True)
+        x = torch.randn(2, 12, m1.config.hidden_size, device=DEVICE, requires_grad=True)
+        pe = m1.model.rotary_emb(x, torch.arange(12, device=DEVICE)[None])
+        m1.model.layers[0](x, position_embeddings=pe).sum().backward()  # replays layer 0 alone
+        with pytest.raises(RuntimeError, match="overwrote the activations"):  # (runs layer 1's backward only)
+            torch.autograd.grad(old, [m1.model.layers[1].mlp.down_proj.weight])
+
+
+def test_parameters_replaced_between_forward_and_backward_raise(emulate):
+    m1 = _model()
+    with kernelize(m1, mode="training", cuda_graphs=True):
+        for step in range(2):
+            ids = _ids(seed=step)
+            m1(input_ids=ids, labels=ids).loss.backward()
+        ids = _ids(seed=3)
+        loss = m1(input_ids=ids, labels=ids).loss
+        w = m1.model.layers[1].mlp.down_proj.weight
+        w.data = w.data.clone()
+        with pytest.raises(RuntimeError, match="parameters were replaced or moved"):
+            loss.backward()
 
 
 def test_cuda_graphs_argument_is_checked():

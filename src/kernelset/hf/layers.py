@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 _ACT = {"swiglu": "silu", "gelu_and_mul tanh": "gelu_tanh", "gelu_and_mul none": "gelu"}
 NODE = True  # the layer as one autograd node (_LayerNode); False: the four-node form (_fused); tests compare them
@@ -131,6 +132,7 @@ class _LayerNode(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dout):
         sdpa, ctx.sdpa = ctx.sdpa, None
         return layer_backward(dout, ctx.saved_tensors, sdpa, ctx.impls, ctx.cfg, ctx.bias, ctx.needs_input_grad)
