@@ -339,6 +339,22 @@ def test_training_layer_node_equals_the_four_node_form(family, monkeypatch):
         assert rel_err(a, b) < 1e-5, name
 
 
+def _node_sdpa_vs_four_nodes(monkeypatch, m0, m1, seq):
+    """(loss, fp32 gradients) of one training step of m0 as one-node layers with SDPA inside
+    (NODE_SDPA) and of m1 (a copy) in the four-node form."""
+    from kernelset.hf import layers
+    ids = torch.randint(0, 128, (2, seq), device=DEVICE)
+    res = []
+    for model, node in ((m0, True), (m1, False)):
+        monkeypatch.setattr(layers, "NODE", node)
+        monkeypatch.setattr(layers, "NODE_SDPA", node)
+        with kernelize(model, mode="training"):
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+        res.append((loss.detach().float(), [p.grad.float() for p in model.parameters()]))
+    return res
+
+
 @pytest.mark.skipif(DEVICE.type == "cuda", reason="forces torch's CPU flash kernel through the attention table")
 def test_training_layer_node_with_sdpa_inside(monkeypatch):
     """layers.NODE_SDPA: where flash_attention's training choice is an SDPA backend (a forced "train"
@@ -347,7 +363,6 @@ def test_training_layer_node_with_sdpa_inside(monkeypatch):
     from test_flash_attention import _record_sdpa_train, _train_table
 
     from kernelset.core import dispatch
-    from kernelset.hf import layers
     from kernelset.ops.attention import api as attn_api
     m0 = tiny_model("llama").train()
     m1 = copy.deepcopy(m0)
@@ -356,15 +371,7 @@ def test_training_layer_node_with_sdpa_inside(monkeypatch):
     from kernelset.ops.attention import backends as attn_backends
     node_calls, fwd_saved = [], attn_backends.sdpa_fwd_saved
     monkeypatch.setattr(attn_backends, "sdpa_fwd_saved", lambda be, *a: node_calls.append(be) or fwd_saved(be, *a))
-    ids = torch.randint(0, 128, (2, 12), device=DEVICE)
-    res = []
-    for model, node in ((m0, True), (m1, False)):
-        monkeypatch.setattr(layers, "NODE", node)
-        monkeypatch.setattr(layers, "NODE_SDPA", node)
-        with kernelize(model, mode="training"):
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-        res.append((loss.detach(), [p.grad for p in model.parameters()]))
+    res = _node_sdpa_vs_four_nodes(monkeypatch, m0, m1, seq=12)
     assert calls and set(calls) == {"sdpa_flash"}, calls  # the four-node form's SDPA node
     assert len(node_calls) == 2 and set(node_calls) == {"sdpa_flash"}, node_calls  # the one-node layers'
     assert rel_err(res[0][0], res[1][0]) < 1e-6
@@ -380,7 +387,6 @@ def test_training_layer_node_with_sdpa_inside_on_gpu(monkeypatch):
     """layers.NODE_SDPA on a GPU, bf16: the one-node layer calls the SDPA kernel AUTO picks for a
     training call (cuDNN on H100/H200) and its backward kernel; loss and gradients match the
     four-node form, whose attention node is SDPA's own autograd with the same kernels."""
-    from kernelset.hf import layers
     from kernelset.ops.attention import backends as attn_backends
     cfg = {**config_for(FAMILY_PRESETS["llama"], tiny_model=True, init_std=0.02), "head_dim": 64,
            "hidden_size": 256}
@@ -388,15 +394,7 @@ def test_training_layer_node_with_sdpa_inside_on_gpu(monkeypatch):
     m1 = copy.deepcopy(m0)
     node_calls, fwd_saved = [], attn_backends.sdpa_fwd_saved
     monkeypatch.setattr(attn_backends, "sdpa_fwd_saved", lambda be, *a: node_calls.append(be) or fwd_saved(be, *a))
-    ids = torch.randint(0, 128, (2, 256), device=DEVICE)
-    res = []
-    for model, node in ((m0, True), (m1, False)):
-        monkeypatch.setattr(layers, "NODE", node)
-        monkeypatch.setattr(layers, "NODE_SDPA", node)
-        with kernelize(model, mode="training"):
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-        res.append((loss.detach().float(), [p.grad.float() for p in model.parameters()]))
+    res = _node_sdpa_vs_four_nodes(monkeypatch, m0, m1, seq=256)
     assert len(node_calls) == 2 and all(be.startswith("sdpa_") for be in node_calls), node_calls
     assert rel_err(res[0][0], res[1][0]) < 1e-3
     for (name, _), a, b in zip(m0.named_parameters(), res[0][1], res[1][1]):

@@ -46,6 +46,19 @@ def _grads(model):
     return [p.grad.clone() if p.grad is not None else None for p in model.parameters()]
 
 
+def _capture(model):
+    """Two training steps: the layers' first calls run eagerly, the second ones capture."""
+    for step in range(2):
+        ids = _ids(seed=step)
+        model(input_ids=ids, labels=ids).loss.backward()
+
+
+def _layer_input(model):
+    """A decoder layer's hidden states and rotary tables as the model passes them (2 x 12 tokens)."""
+    x = torch.randn(2, 12, model.config.hidden_size, device=DEVICE, requires_grad=True)
+    return x, model.model.rotary_emb(x, torch.arange(12, device=DEVICE)[None])
+
+
 def _same_grads(m0, m1, tol=1e-5):
     for (name, p0), p1 in zip(m0.named_parameters(), m1.parameters()):
         assert rel_err(p1.grad, p0.grad) < tol, name
@@ -131,9 +144,7 @@ def test_another_sequence_length_runs_eagerly(emulate):
 def test_backward_after_a_later_forward_replay_raises(emulate):
     m1 = _model()
     with kernelize(m1, mode="training", cuda_graphs=True):
-        for step in range(2):
-            ids = _ids(seed=step)
-            m1(input_ids=ids, labels=ids).loss.backward()
+        _capture(m1)
         ids = _ids(seed=3)
         old = m1(input_ids=ids, use_cache=False).logits.square().mean()  # (the fused LCE: no double backward)
         old.backward(retain_graph=True)
@@ -143,8 +154,7 @@ def test_backward_after_a_later_forward_replay_raises(emulate):
             old.backward()
         # a layer called alone (its graphs captured above): nothing after it saved its output
         layer = m1.model.layers[0]
-        x = torch.randn(2, 12, m1.config.hidden_size, device=DEVICE, requires_grad=True)
-        pe = m1.model.rotary_emb(x, torch.arange(12, device=DEVICE)[None])  # (as the model calls it)
+        x, pe = _layer_input(m1)
         old = layer(x, position_embeddings=pe).sum()
         old.backward(retain_graph=True)
         layer(x, position_embeddings=pe).sum().backward()
@@ -158,14 +168,11 @@ def test_a_replay_marks_later_captured_layers_stale(emulate):
     NaN where a replay may write, so without the check the gradients would be NaN, silently.)"""
     m1 = _model()
     with kernelize(m1, mode="training", cuda_graphs=True):
-        for step in range(2):
-            ids = _ids(seed=step)
-            m1(input_ids=ids, labels=ids).loss.backward()
+        _capture(m1)
         ids = _ids(seed=3)
         old = m1(input_ids=ids, use_cache=False).logits.square().mean()
         old.backward(retain_graph=True)
-        x = torch.randn(2, 12, m1.config.hidden_size, device=DEVICE, requires_grad=True)
-        pe = m1.model.rotary_emb(x, torch.arange(12, device=DEVICE)[None])
+        x, pe = _layer_input(m1)
         m1.model.layers[0](x, position_embeddings=pe).sum().backward()  # replays layer 0 alone
         with pytest.raises(RuntimeError, match="overwrote the activations"):  # (runs layer 1's backward only)
             torch.autograd.grad(old, [m1.model.layers[1].mlp.down_proj.weight])
@@ -174,9 +181,7 @@ def test_a_replay_marks_later_captured_layers_stale(emulate):
 def test_parameters_replaced_between_forward_and_backward_raise(emulate):
     m1 = _model()
     with kernelize(m1, mode="training", cuda_graphs=True):
-        for step in range(2):
-            ids = _ids(seed=step)
-            m1(input_ids=ids, labels=ids).loss.backward()
+        _capture(m1)
         ids = _ids(seed=3)
         loss = m1(input_ids=ids, labels=ids).loss
         w = m1.model.layers[1].mlp.down_proj.weight
