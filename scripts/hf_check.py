@@ -9,7 +9,8 @@
 5. training step (forward, backward, AdamW) of a Llama-3.2-1B-shaped model, seq 2048: patched +
    kernelset AdamW with states in the param dtype (as torch's; also reported with fp32 states) vs
    unpatched + torch's fused AdamW (``fused=True``: the HF Trainer's default optimizer with torch >= 2.8,
-   "adamw_torch_fused"; the foreach one is reported too) (bar >= 1.3x faster and less peak memory)
+   "adamw_torch_fused"; the foreach one is reported too) (bar >= 1.3x faster and less peak memory);
+   also with ``kernelize(..., cuda_graphs=True)``, reported on a line of its own
 
 Prefill, decode and training run in rounds that alternate the variants (the lent host's speed
 drifts from minute to minute, the GPU's clock with its temperature and power); each side's median
