@@ -12,23 +12,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
+from hf_check import _median_time  # (this folder: python puts it on the path)
 
 import kernelset as ks
 from kernelset.hf.evaluate import build_model, config_for
 
 
-def _wall(fn, n: int = 5) -> float:
-    out = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out) * 1e3
+def _wall(fn) -> float:
+    return _median_time(fn, repeats=5, warmup=1) * 1e3
 
 
 def _graphed(fn):

@@ -217,6 +217,8 @@ def prenorm_backward(dy: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, r
                      backend: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dweight in weight's dtype) of :func:`prenorm_forward`."""
     return _rms_bwd(dy, x2, weight, rstd, eps, 0.0, False, None, "rms_norm", backend)
+
+
 _RMS = AutogradSpec(_rms_fwd, _rms_setup, _rms_backward, needed=(0,))
 
 # ---- fused_add_rms_norm ---------------------------------------------------------------------
