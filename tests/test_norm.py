@@ -281,6 +281,23 @@ def test_rms_norm_torch_order_kernel_is_its_specification(shape, cast, device):
     assert torch.equal(y, want)
 
 
+@pytest.mark.parametrize("rows,unroll,ept", [(1, 1, 4), (2, 8, 8), (8, 2, 2)])
+def test_rms_norm_torch_order_launch_shape_keeps_the_order(rows, unroll, ept, device):
+    """Rows per program, steps loaded per iteration and warps change nothing in the result: a
+    partial last block of rows, steps past the row's end, stats of the masked rows not written."""
+    from kernelset.ops.norm import launch, policy, reference
+    for m, n in ((37, 1000), (16, 4096), (3, 132)):
+        x = _spread(m, n, device)
+        w = torch.randn(n, device=device).to(torch.bfloat16)
+        with policy.use(policy.NormTuning(torch_order_rows=rows, torch_order_unroll=unroll,
+                                          torch_order_elems_per_thread=ept)):
+            y, rstd = launch.rms_fwd_torch_order(x, w, eps=1e-5, offset=0.0, gemma_cast=False, stats=True)
+        want_rstd = torch.rsqrt(reference.torch_cuda_mean_sq(x.float()) + 1e-5)
+        want = ((x.float() * want_rstd[:, None]).to(x.dtype).float() * w.float()).to(x.dtype)
+        assert torch.equal(rstd, want_rstd), f"[{m}, {n}]: {(rstd != want_rstd).sum().item()} rows' rstd differ"
+        assert torch.equal(y, want), f"[{m}, {n}]"
+
+
 def test_torch_order_inputs_discriminate(device):
     """Guard of the test above: on these inputs a different summation order changes some rstd."""
     from kernelset.ops.norm import reference

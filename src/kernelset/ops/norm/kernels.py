@@ -588,54 +588,58 @@ def _norm_bwd_dwdb_kernel(DY, X, MEAN, RSTD, DW_PART, DB_PART, M, N, stride_dy, 
 
 
 @triton.jit
-def _rms_fwd_torch_order_kernel(X, W, Y, RSTD, N, stride_x, stride_y, eps, factor, offset,
+def _rms_fwd_torch_order_kernel(X, W, Y, RSTD, M, N, stride_x, stride_y, eps, factor, offset,
                                 HAS_WEIGHT: tl.constexpr, GEMMA_CAST: tl.constexpr, STORE_STATS: tl.constexpr,
-                                LANES: tl.constexpr):
-    # One row per program. torch's reduce kernel gives a row LANES threads; thread t keeps 4
+                                LANES: tl.constexpr, ROWS: tl.constexpr, UNROLL: tl.constexpr):
+    # ROWS rows per program. torch's reduce kernel gives a row LANES threads; thread t keeps 4
     # accumulators and adds x[(j * LANES + t) * 4 + i]^2 for j = 0, 1, ... in order; the four are
     # combined ((a0 + a1) + a2) + a3; then lane t adds lane t + half for half = LANES/2, ..., 1
     # (shared memory down to 32 lanes, then the warp's shuffle-down with halving offsets). Each
     # step below is one fp32 addition of the same operands; the launch disables FMA contraction,
-    # so x * x is rounded before it is added, as torch's pow(2) tensor is.
-    row = tl.program_id(0).to(tl.int64)
+    # so x * x is rounded before it is added, as torch's pow(2) tensor is. UNROLL steps of j per
+    # iteration: their loads do not depend on the sum, so they are all in flight at once (one j
+    # per iteration kept one warp's 256 bytes in flight: 40% of copy at 2048x4096 on an H200).
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < M
     offs = tl.arange(0, LANES)[:, None] * 4 + tl.arange(0, 4)[None, :]
-    xrow = X + row * stride_x
-    acc = tl.zeros([LANES, 4], dtype=tl.float32)
-    for start in range(0, N, 4 * LANES):
-        o = start + offs
-        v = tl.load(xrow + o, mask=o < N, other=0.0).to(tl.float32)
-        acc = acc + v * v  # a missing element adds 0: exact, as if the thread had no load
-    ev, od = tl.split(tl.reshape(acc, (LANES, 2, 2)))
+    xrows = X + rows[:, None, None] * stride_x
+    acc = tl.zeros([ROWS, LANES, 4], dtype=tl.float32)
+    for start in range(0, N, 4 * LANES * UNROLL):
+        for u in tl.static_range(UNROLL):
+            o = (start + u * 4 * LANES + offs)[None, :, :]
+            v = tl.load(xrows + o, mask=rmask[:, None, None] & (o < N), other=0.0).to(tl.float32)
+            acc = acc + v * v  # a missing element adds 0: exact, as if the thread had no load
+    ev, od = tl.split(tl.reshape(acc, (ROWS, LANES, 2, 2)))
     a0, a2 = tl.split(ev)
     a1, a3 = tl.split(od)
     t = ((a0 + a1) + a2) + a3
     if LANES >= 512:
-        t = tl.sum(tl.reshape(t, (2, 256)), axis=0)
+        t = tl.sum(tl.reshape(t, (ROWS, 2, 256)), axis=1)
     if LANES >= 256:
-        t = tl.sum(tl.reshape(t, (2, 128)), axis=0)
+        t = tl.sum(tl.reshape(t, (ROWS, 2, 128)), axis=1)
     if LANES >= 128:
-        t = tl.sum(tl.reshape(t, (2, 64)), axis=0)
+        t = tl.sum(tl.reshape(t, (ROWS, 2, 64)), axis=1)
     if LANES >= 64:
-        t = tl.sum(tl.reshape(t, (2, 32)), axis=0)
-    t = tl.sum(tl.reshape(t, (2, 16)), axis=0)
-    t = tl.sum(tl.reshape(t, (2, 8)), axis=0)
-    t = tl.sum(tl.reshape(t, (2, 4)), axis=0)
-    t = tl.sum(tl.reshape(t, (2, 2)), axis=0)
-    total = tl.sum(t, axis=0)
+        t = tl.sum(tl.reshape(t, (ROWS, 2, 32)), axis=1)
+    t = tl.sum(tl.reshape(t, (ROWS, 2, 16)), axis=1)
+    t = tl.sum(tl.reshape(t, (ROWS, 2, 8)), axis=1)
+    t = tl.sum(tl.reshape(t, (ROWS, 2, 4)), axis=1)
+    t = tl.sum(tl.reshape(t, (ROWS, 2, 2)), axis=1)
+    total = tl.sum(t, axis=1)
     rstd = tl.rsqrt(total * factor + eps)
-    yrow = Y + row * stride_y
-    for start in range(0, N, 4 * LANES):
-        o = start + offs
-        m = o < N
-        xn = tl.load(xrow + o, mask=m, other=0.0).to(tl.float32) * rstd
+    cols = tl.arange(0, 4 * LANES * UNROLL)
+    for start in range(0, N, 4 * LANES * UNROLL):
+        o = start + cols
+        m = rmask[:, None] & (o < N)[None, :]
+        xn = tl.load(X + rows[:, None] * stride_x + o[None, :], mask=m, other=0.0).to(tl.float32) * rstd[:, None]
         if HAS_WEIGHT:
-            w = tl.load(W + o, mask=m, other=0.0).to(tl.float32) + offset
+            w = tl.load(W + o, mask=o < N, other=0.0).to(tl.float32)[None, :] + offset
             if GEMMA_CAST:
                 y = xn * w
             else:
                 y = xn.to(Y.dtype.element_ty).to(tl.float32) * w
         else:
             y = xn
-        tl.store(yrow + o, y.to(Y.dtype.element_ty), mask=m)
+        tl.store(Y + rows[:, None] * stride_y + o[None, :], y.to(Y.dtype.element_ty), mask=m)
     if STORE_STATS:
-        tl.store(RSTD + row, rstd)
+        tl.store(RSTD + rows, rstd, mask=rmask)

@@ -17,7 +17,7 @@ from .kernels import (_norm_bwd_dwdb_kernel, _norm_bwd_kernel, _norm_bwd_looped_
                       _norm_fwd_kernel, _norm_fwd_looped_kernel, _norm_fwd_split_kernel, _rms_fwd_torch_order_kernel,
                       _rms_fwd_two_pass_kernel)
 from .policy import (NormTuning, RingLaunch, active, bwd_policy, bwd_split_per_prog, bwd_split_policy, fwd_policy,
-                     fwd_split_policy, ring_fwd_policy)
+                     fwd_split_policy, ring_fwd_policy, torch_order_policy)
 from .reference import torch_cuda_mean_factor, torch_cuda_mean_lanes
 
 _fwd = FastKernel(_norm_fwd_kernel)
@@ -76,8 +76,9 @@ def _block_site(p, n: int, is_rms: bool, hr: bool, hw: bool, hb: bool, gemma_cas
     return (p.rows, p.block_n, p.num_warps, is_rms, hr, hw, hb, gemma_cast, stats, n == p.block_n, ho)
 
 
-def _torch_order_site(lanes: int, hw: bool, gemma_cast: bool, stats: bool) -> tuple:
-    return (lanes, max(1, min(8, lanes // 64)), hw, gemma_cast, stats)  # (lanes, num_warps, ...)
+def _torch_order_site(lanes: int, n: int, hw: bool, gemma_cast: bool, stats: bool) -> tuple:
+    rows, unroll, nw = torch_order_policy(lanes, n, active())
+    return (lanes, rows, unroll, nw, hw, gemma_cast, stats)  # (lanes, rows, unroll, num_warps, ...)
 
 
 def _rows(x: torch.Tensor) -> int:
@@ -165,9 +166,9 @@ def rms_replay(x: torch.Tensor, weight: torch.Tensor | None, *, offset: float, g
         lanes = torch_cuda_mean_lanes(m, n)
         if lanes is None:
             return None
-        site = _torch_order_site(lanes, hw, gemma_cast, False)
-        grid, factor, at = (m,), torch_cuda_mean_factor(m, n), _fwd_torch_order.at
-        return lambda x, w, y, eps, offset: at(site, grid, x, w, y, None, n, sx, n, eps, factor, offset)
+        site = _torch_order_site(lanes, n, hw, gemma_cast, False)
+        grid, factor, at = (-(-m // site[1]),), torch_cuda_mean_factor(m, n), _fwd_torch_order.at
+        return lambda x, w, y, eps, offset: at(site, grid, x, w, y, None, m, n, sx, n, eps, factor, offset)
     p = fwd_policy(m, n, sm_count(x.device), True, active())
     ho, grid = offset != 0.0, (p.grid,)
     if p.looped:
@@ -195,12 +196,13 @@ def rms_fwd_torch_order(x: torch.Tensor, weight: torch.Tensor | None, *, eps: fl
         return y, rstd
     lanes = torch_cuda_mean_lanes(m, n)
     hw = weight is not None
-    site = _torch_order_site(lanes, hw, gemma_cast, stats)
-    nw = site[1]
-    args = (x, weight, y, rstd, n, row_stride(x), n, eps, torch_cuda_mean_factor(m, n), offset)
-    if not _fwd_torch_order.at(site, (m,), *args):
-        _fwd_torch_order((m,), *args, site=site, HAS_WEIGHT=hw, GEMMA_CAST=gemma_cast, STORE_STATS=stats,
-                         LANES=lanes, num_warps=nw, fp_fusion=False)
+    site = _torch_order_site(lanes, n, hw, gemma_cast, stats)
+    _, rows, unroll, nw = site[:4]
+    grid = (-(-m // rows),)
+    args = (x, weight, y, rstd, m, n, row_stride(x), n, eps, torch_cuda_mean_factor(m, n), offset)
+    if not _fwd_torch_order.at(site, grid, *args):
+        _fwd_torch_order(grid, *args, site=site, HAS_WEIGHT=hw, GEMMA_CAST=gemma_cast, STORE_STATS=stats,
+                         LANES=lanes, ROWS=rows, UNROLL=unroll, num_warps=nw, fp_fusion=False)
     return y, rstd
 
 

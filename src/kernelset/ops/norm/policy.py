@@ -105,6 +105,16 @@ class NormTuning:
     ring_buffers: int = 9
     ring_warps: int = 4
     ring_programs_per_sm: int = 6
+    # torch_order forward (``_rms_fwd_torch_order_kernel``, transformers' RMSNorm bit for bit): rows
+    # per program where torch gives a row 32 lanes (16 rows and more), steps of each lane's sum
+    # loaded per iteration, elements per thread in one load (fixes num_warps). The order of the
+    # sum does not depend on them. Session 26 (scripts/torch_order_tune.py, H200, calls replayed
+    # from a CUDA graph): 1 row x 8 steps is the best of 1-8 x 1-8 at every shape, 2048x4096
+    # 17.9 -> 12.3 us (44.5 -> 64.4% of copy; F.rms_norm 57.3%), 8192x4096 50.7 -> 66.9%,
+    # 2048x5120 39.1 -> 67.9%, 32x4096 9.6 -> 4.0 us; more rows per program lost 5-15 points.
+    torch_order_rows: int = 1
+    torch_order_unroll: int = 8
+    torch_order_elems_per_thread: int = 4
 
 
 DEFAULT_TUNING = NormTuning()
@@ -226,3 +236,14 @@ def bwd_policy(m: int, n: int, sms: int, t: NormTuning) -> NormLaunch:
     per_sm = max(1, t.bwd_threads_per_sm // (32 * warps))
     grid = max(1, min(-(-m // rows), sms * per_sm))
     return NormLaunch(False, block, rows, warps, grid)
+
+
+@functools.lru_cache(maxsize=1024)
+def torch_order_policy(lanes: int, n: int, t: NormTuning) -> tuple[int, int, int]:
+    """(rows per program, unroll, num_warps) of the torch_order forward for rows of n that torch's
+    reduce gives ``lanes`` threads: several rows per program only at 32 lanes (wider lanes mean
+    few rows); no more steps per iteration than the row has (one 4096 row: 2.8 against 2.0 us)."""
+    rows = _pow2(max(1, t.torch_order_rows)) if lanes == 32 else 1
+    unroll = min(_pow2(max(1, t.torch_order_unroll)), _pow2(-(-n // (4 * lanes))))
+    warps = _clamp(rows * lanes * 4 // (32 * max(1, t.torch_order_elems_per_thread)), 1, 8)
+    return rows, unroll, 1 << (warps.bit_length() - 1)
