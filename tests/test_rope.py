@@ -40,6 +40,8 @@ CASES = [
     ("flat-2d", 6, 4, 1, 64, 64, True, "q/k given as [T, H * D]"),
     ("head96", 3, 3, 1, 96, 96, False, "a non power-of-two head size"),
     ("one-token", 1, 32, 8, 128, 128, False, "decode"),
+    ("head256", 3, 4, 2, 256, 256, False, "the widest head size of the issue (Gemma)"),
+    ("head80-full", 4, 3, 1, 80, 80, False, "a full rotation of an odd head size"),
 ]
 
 
@@ -134,8 +136,14 @@ def test_position_out_of_range_leaves_token_unrotated(backend, bad, device):
     (dict(q=torch.randn(1, 4, 32).expand(2, 4, 32)), "'q' must be a tensor of distinct elements"),
     (dict(k=torch.randn(2, 1, 32).expand(2, 2, 32)), "'k' must be a tensor of distinct elements"),
     (dict(k="q"), "'k' must be a different tensor from q"),
+    # in place and forward-only: a tensor autograd tracks would get gradients of the unrotated values
+    (dict(q=torch.randn(2, 4, 32, requires_grad=True)), "in place and forward-only"),
+    (dict(q=torch.randn(2, 4, 32, requires_grad=True) * 1.0), "in place and forward-only"),
+    (dict(k=torch.randn(2, 1, 32, requires_grad=True)), "'k' .*in place and forward-only"),
+    (dict(cos_sin_cache=_cache(8, 32).requires_grad_()), "'cos_sin_cache' .*in place and forward-only"),
 ], ids=["2d-q-no-head-size", "rotary-dim-mismatch", "odd-cache", "float-positions", "positions-length", "k-dtype",
-        "empty-cache", "expanded-q", "expanded-k", "k-is-q"])
+        "empty-cache", "expanded-q", "expanded-k", "k-is-q", "q-leaf-grad", "q-non-leaf-grad", "k-grad",
+        "cache-grad"])
 def test_bad_input(kwargs, match):
     args = dict(positions=torch.tensor([0, 1]), q=torch.randn(2, 4, 32), k=None, cos_sin_cache=_cache(8, 32))
     args.update(kwargs)
@@ -144,6 +152,17 @@ def test_bad_input(kwargs, match):
     rest = {k: args.pop(k) for k in list(args) if k not in ("positions", "q", "k", "cos_sin_cache")}
     with pytest.raises((ValueError, TypeError), match=match):
         ks.rotary_embedding(args["positions"], args["q"], args["k"], args["cos_sin_cache"], **rest)
+
+
+def test_no_grad_mode_allows_tensors_that_require_grad(device):
+    """Under torch.no_grad nothing is recorded, so the in-place rotation is allowed (HF's cache-free
+    inference on a model whose parameters require grad)."""
+    cache = _cache(8, 32, device=device)
+    q = torch.randn(2, 4, 32, device=device, requires_grad=True)
+    want = _hf_rotate(q.detach(), torch.tensor([1, 5], device=device), cache, False)
+    with torch.no_grad():
+        ks.rotary_embedding(torch.tensor([1, 5], device=device), q, None, cache)
+    assert rel_err(q.detach(), want) < 1e-5
 
 
 def test_compile_fullgraph_in_place(device):
@@ -190,6 +209,8 @@ APPLY_CASES = [
     ("shared-cos", 3, 2, 1, 5, 128, 128, 1, False, "cos/sin [S, R] shared by the batch"),
     ("partial", 1, 3, 3, 4, 80, 32, 1, True, "rotary_dim < head size: the tail passes through"),
     ("many-heads", 1, 80, 8, 3, 64, 64, 1, False, "q spans 2 head blocks of the one q+k launch, k 1"),
+    ("head256", 1, 2, 1, 3, 256, 256, 1, True, "the widest head size of the issue (Gemma)"),
+    ("head80-full", 2, 3, 1, 4, 80, 80, 1, True, "a full rotation of an odd head size"),
 ]
 
 

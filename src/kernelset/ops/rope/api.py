@@ -34,6 +34,7 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor |
     hs = _check_serving(op, q, k, cos_sin_cache, rotary_dim, head_size)
     checks.shape(op, "positions", positions, (q.shape[0],), "one position per token")
     checks.same_device(op, "positions", positions, "q", q)
+    _forward_only(op, q, k, cos_sin_cache)  # in place behind autograd's back would give wrong gradients
     if positions.stride(0) != 1 and positions.numel() > 1:
         positions = positions.contiguous()  # the kernel reads positions[t] at t (T ints: a cheap copy)
     if torch.compiler.is_compiling():
@@ -242,7 +243,8 @@ def _check_positions(op: str, positions: torch.Tensor, q: torch.Tensor, multimod
 
 def _forward_only(op: str, *ts: torch.Tensor | None) -> None:
     if needs_grad(*ts):
-        raise ArgumentError(op, "q", f"tensors that do not require grad ({op} is in place and forward-only)",
+        name = ("q", "k", "cos_sin_cache")[next(i for i, t in enumerate(ts) if t is not None and t.requires_grad)]
+        raise ArgumentError(op, name, f"a tensor that does not require grad ({op} is in place and forward-only)",
                             "requires_grad=True")
 
 
