@@ -138,7 +138,7 @@ def test_non_finite_offset(op, offset):
 @pytest.mark.parametrize("op", RMS_OPS)
 @pytest.mark.parametrize("cast", ["mistral", "", 1], ids=["unknown", "empty", "int"])
 def test_unknown_cast(op, cast):
-    with pytest.raises(ValueError, match=r"cast must be one of 'llama', 'gemma', got"):
+    with pytest.raises(ks.ArgumentError, match=rf"{op}: argument 'cast' must be one of 'llama', 'gemma', got"):
         CALLS[op](_x(), torch.randn(N), cast=cast)
 
 

@@ -11,7 +11,9 @@ class KsEnum(str, Enum):
     """A string enum whose ``parse`` accepts a member or its value, case-insensitively."""
 
     @classmethod
-    def parse(cls: type[E], value: object, *, what: str | None = None) -> E:
+    def parse(cls: type[E], value: object, *, what: str | None = None, op: str | None = None) -> E:
+        """The member for ``value``; else a ValueError, an ``ArgumentError`` naming ``op`` and the
+        argument ``what`` where ``op`` is given (a public function's argument)."""
         if isinstance(value, cls):
             return value
         if isinstance(value, str):
@@ -20,6 +22,9 @@ class KsEnum(str, Enum):
             except ValueError:
                 pass
         valid = ", ".join(repr(m.value) for m in cls)
+        if op is not None:
+            from .errors import ArgumentError
+            raise ArgumentError(op, what or cls.__name__, f"one of {valid}", repr(value))
         raise ValueError(f"{what or cls.__name__} must be one of {valid}, got {value!r}")
 
     def __str__(self) -> str:

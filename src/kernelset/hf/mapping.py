@@ -169,7 +169,8 @@ RMS_BEHAVIOURS = tuple(
 
 def _norm_inputs(m: nn.Module, dtype: torch.dtype) -> tuple:
     w = getattr(m, "weight", None)
-    n = w.shape[0] if w is not None else 64
+    shape = getattr(m, "normalized_shape", None)  # (nn.LayerNorm without affine parameters)
+    n = w.shape[0] if w is not None else int(shape[-1]) if shape else 64
     return (torch.randn(3, 5, n, dtype=dtype, device=_param_device(m)) * 3,)
 
 
@@ -316,7 +317,9 @@ def _no_padding_grad(m: nn.Module) -> bool:
 
 RULES: tuple[Rule, ...] = (
     Rule("layer_norm", "nn.LayerNorm over the last dim", _ln_candidate,
-         (Behaviour("affine", ("layer_norm",), _ln_build),), _norm_inputs, probe_copy=True),
+         (Behaviour("affine", ("layer_norm",), _ln_build, _has_weight),
+          Behaviour("no affine parameters", ("layer_norm",), _ln_build, lambda m: not _has_weight(m))),
+         _norm_inputs, probe_copy=True),
     Rule("rms_norm", "RMSNorm modules (1-D weight, eps attribute)", _is_rms_candidate, RMS_BEHAVIOURS, _norm_inputs,
          probe_copy=True),
     Rule("gated_mlp", "gate/up/down projections with an activation", _split_candidate,

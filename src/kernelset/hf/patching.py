@@ -655,7 +655,7 @@ def kernelize(model: nn.Module, *, mode: Mode | str = Mode.INFERENCE,
     Modules whose behaviour matches no rule are left alone and listed in ``handle.report()``.
     """
     require_transformers()
-    mode = Mode.parse(mode, what="mode")
+    mode = Mode.parse(mode, what="mode", op="kernelize")
     if not isinstance(model, nn.Module):
         raise TypeError(f"kernelize: argument 'model' must be a torch.nn.Module, got {type(model).__name__}")
     if getattr(model, "_ks_kernelized", None) is not None:

@@ -23,8 +23,8 @@ class GeluApprox(KsEnum):
     TANH = "tanh"  # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 
 
-def _gelu_kind(approximate: GeluApprox | str) -> str:
-    return "gelu_tanh" if GeluApprox.parse(approximate, what="approximate") is GeluApprox.TANH else "gelu"
+def _gelu_kind(op: str, approximate: GeluApprox | str) -> str:
+    return "gelu_tanh" if GeluApprox.parse(approximate, what="approximate", op=op) is GeluApprox.TANH else "gelu"
 
 
 def _even_last(op: str, x: torch.Tensor) -> None:
@@ -55,7 +55,7 @@ def gelu_and_mul(x: torch.Tensor, *, approximate: GeluApprox | str = GeluApprox.
                  backend: Backend | str = AUTO) -> torch.Tensor:
     """y = gelu(x[..., :I]) * x[..., I:] (GeGLU): x ``[..., 2I]`` -> ``[..., I]``; fp32 math."""
     _even_last("gelu_and_mul", x)
-    return _run("gelu_and_mul", x, None, _gelu_kind(approximate), "halves", 0.0, 0.0, backend)
+    return _run("gelu_and_mul", x, None, _gelu_kind("gelu_and_mul", approximate), "halves", 0.0, 0.0, backend)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor, *, backend: Backend | str = AUTO) -> torch.Tensor:
@@ -73,7 +73,7 @@ def gelu(x: torch.Tensor, *, approximate: GeluApprox | str = GeluApprox.NONE,
          backend: Backend | str = AUTO) -> torch.Tensor:
     """y = gelu(x) elementwise (erf, or the tanh approximation); fp32 math."""
     checks.tensor("gelu", "x", x)
-    return _run("gelu", x, None, _gelu_kind(approximate), "single", 0.0, 0.0, backend)
+    return _run("gelu", x, None, _gelu_kind("gelu", approximate), "single", 0.0, 0.0, backend)
 
 
 def swiglu_oai(x: torch.Tensor, *, alpha: float = 1.702, limit: float = 7.0,

@@ -65,7 +65,7 @@ def check_options(op: str, ignore_index, label_smoothing, z_loss, softcap,
     if z_loss < 0:
         raise ArgumentError(op, "z_loss", ">= 0", z_loss)
     cap = 0.0 if softcap is None else checks.positive(op, "softcap", softcap)
-    return label_smoothing, z_loss, cap, Reduction.parse(reduction, what="reduction").value
+    return label_smoothing, z_loss, cap, Reduction.parse(reduction, what="reduction", op=op).value
 
 
 def _fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float, z_loss: float,

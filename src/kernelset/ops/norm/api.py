@@ -46,10 +46,10 @@ def _param(op: str, name: str, t: torch.Tensor | None, x: torch.Tensor) -> torch
     return t if t.is_contiguous() else t.contiguous()
 
 
-def _gemma(cast: object) -> bool:
+def _gemma(op: str, cast: object) -> bool:
     if cast is NormCast.LLAMA:  # the enum members themselves skip the parse (every call passes one)
         return False
-    return cast is NormCast.GEMMA or NormCast.parse(cast, what="cast") is NormCast.GEMMA
+    return cast is NormCast.GEMMA or NormCast.parse(cast, what="cast", op=op) is NormCast.GEMMA
 
 
 def _check_x(op: str, x: torch.Tensor) -> None:
@@ -94,7 +94,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, *, eps: float 
     offset = checks.finite(op, "offset", offset)
     if weight is None and offset != 0.0:
         raise ArgumentError(op, "offset", "0.0 when weight is None (offset shifts the weight)", offset)
-    gemma = _gemma(cast)
+    gemma = _gemma(op, cast)
     if torch_order is not False and torch_order is not True:
         raise ArgumentError(op, "torch_order", "a bool", repr(torch_order))
     if torch.compiler.is_compiling():
@@ -243,7 +243,7 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     offset = checks.finite(op, "offset", offset)
     if weight is None and offset != 0.0:
         raise ArgumentError(op, "offset", "0.0 when weight is None (offset shifts the weight)", offset)
-    gemma = _gemma(cast)
+    gemma = _gemma(op, cast)
     if in_place:
         if needs_grad(x, residual, weight):
             raise ArgumentError(op, "in_place", "False when gradients are needed (in-place is for inference)",

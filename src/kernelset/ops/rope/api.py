@@ -328,7 +328,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor | None, q_weight: torch.Tensor
         weights.append(w if w.is_contiguous() else w.contiguous())
     eps = checks.positive(op, "eps", eps)
     offset = checks.finite(op, "offset", offset)
-    mode = QKNormCast.parse(cast, what="cast").value
+    mode = QKNormCast.parse(cast, what="cast", op=op).value
     _forward_only(op, q, k)
     args = (q, k, weights[0], weights[1], cos_sin_cache, positions, eps, offset, mode, bool(interleaved), hs,
             sections, bool(mrope_interleaved))
