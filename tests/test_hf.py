@@ -515,6 +515,15 @@ def test_gguf_without_its_packages_names_them(tmp_path, monkeypatch):
         load_model(str(tmp_path / "x.gguf"), dtype=torch.float32, device="cpu")
 
 
+@pytest.mark.parametrize("version", [(4, 53, 2), (3, 9, 0)])
+def test_too_old_transformers_is_named(version, monkeypatch):
+    """kernelize on a transformers older than MIN_TRANSFORMERS says which version it needs and found."""
+    from kernelset.hf import patching
+    monkeypatch.setattr(patching, "transformers_version", lambda: version)
+    with pytest.raises(RuntimeError, match=rf"needs transformers >= 4\.54, found {'.'.join(map(str, version))}"):
+        kernelize(tiny_model("llama"))
+
+
 def test_import_kernelset_does_not_import_transformers():
     code = ("import sys, kernelset as ks; assert 'transformers' not in sys.modules; "
             "ks.hf.plan('llama-3-8b'); assert 'transformers' not in sys.modules")

@@ -59,8 +59,15 @@ def build_model(cfg: dict[str, Any], *, dtype: torch.dtype = torch.float32, devi
     torch.manual_seed(seed)
     with torch.device(device):
         extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, **extra)
+        model = AutoModelForCausalLM.from_config(config, **_dtype_kwarg(dtype), **extra)
     return model.eval()
+
+
+def _dtype_kwarg(dtype: torch.dtype) -> dict[str, torch.dtype]:
+    """transformers' dtype argument of from_config / from_pretrained: ``dtype`` from 4.56, before
+    that ``torch_dtype``."""
+    from .patching import transformers_version
+    return {"dtype" if (transformers_version() or (5,)) >= (4, 56) else "torch_dtype": dtype}
 
 
 def load_model(spec: str, *, dtype: torch.dtype, device: str | torch.device, tiny_model: bool = False,
@@ -72,7 +79,7 @@ def load_model(spec: str, *, dtype: torch.dtype, device: str | torch.device, tin
         what = f"preset {spec}{' (tiny)' if tiny_model else ''}{f', {layers} layers' if layers else ''}, random init"
         return build_model(cfg, dtype=dtype, device=device, seed=seed), None, what
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    kwargs: dict[str, Any] = {"dtype": dtype}
+    kwargs: dict[str, Any] = _dtype_kwarg(dtype)
     path = spec
     if spec.endswith(".gguf"):
         import importlib.util
