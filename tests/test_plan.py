@@ -246,3 +246,28 @@ def test_plan_details_describe_the_named_gpu(gpu):
         assert ring_says[gpu] in lce[0], lce[0]
     else:
         assert "cross-entropy: the looped kernel" in lce[0], lce[0]
+
+
+def test_runtime_hardware_checks_read_the_gpu_table(monkeypatch):
+    """The dispatcher's fp8-cache checks and the sm_90 Gluon kernels' gates read gpus.ARCHS (the
+    table ksctl plan prints), not their own arch numbers: editing the table moves them."""
+    import dataclasses
+
+    from kernelset.core import gpus
+    from kernelset.ops import ring
+    from kernelset.ops.kvcache import backends as kv
+
+    class P(dict):
+        arch = (8, 9)
+
+    fp8_cache = P(cache_dtype="float8_e4m3fn")
+    cuda = torch.device("cuda", 0)
+    assert kv._fp8_reason(fp8_cache) is None and ring.on_sm90(cuda, (9, 0)) and not ring.on_sm90(cuda, (10, 0))
+    P.arch = (8, 6)
+    assert "needs sm_89 or newer (device is sm_86)" in kv._fp8_reason(fp8_cache)
+    table = dict(gpus.ARCHS)
+    table[(8, 6)] = dataclasses.replace(table[(8, 6)], fp8=True)
+    table[(9, 0)] = dataclasses.replace(table[(9, 0)], wgmma=False)
+    monkeypatch.setattr(gpus, "ARCHS", table)
+    assert kv._fp8_reason(fp8_cache) is None
+    assert not ring.on_sm90(cuda, (9, 0))

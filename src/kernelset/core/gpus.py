@@ -1,10 +1,12 @@
-"""What each GPU kernelset targets can do: one table, read by ``ksctl plan`` and meant for the dispatcher.
+"""What each GPU kernelset targets can do: one table, read by ``ksctl plan`` and the dispatcher.
 
 Two levels of data. :data:`ARCHS` holds what a compute capability implies (the features a kernel
 may rely on: bf16 and fp8 tensor cores, TMA, wgmma, tcgen05, shared memory); :data:`GPUS` holds the
 products (SM count, memory, bandwidth, dense tensor-core throughput from the vendor's datasheet).
-A product's features are its arch's, so a kernel that needs TMA asks ``arch_features(arch).tma``
-and never a list of product names.
+A product's features are its arch's, so a kernel that needs TMA asks ``has(arch, "tma")`` and
+never a list of product names: the fp8 cache checks of the attention, MLA and KV-cache
+implementations, the sm_90 Gluon kernels (MLA decode, the ring forwards) and ``ksctl plan`` all
+read it.
 
 Throughputs are dense (no 2:4 sparsity) tensor-core figures with fp32 accumulation, in TFLOP/s,
 rounded: they size roofline estimates, never a correctness decision. Bandwidth is the datasheet
@@ -127,6 +129,24 @@ def arch_features(arch: Arch) -> ArchFeatures:
     if not older:
         raise ValueError(f"sm_{arch[0]}{arch[1]} is older than any architecture kernelset knows (sm_70+)")
     return dataclasses.replace(ARCHS[max(older)], arch=arch, name=f"sm_{arch[0]}{arch[1]}")
+
+
+def has(arch: Arch | None, feature: str) -> bool:
+    """Whether a compute capability has ``feature`` (an :class:`ArchFeatures` flag: "fp8", "tma",
+    "wgmma" ...): the dispatcher's hardware checks read this table. False for None (not a CUDA
+    device) and for archs older than any listed."""
+    if arch is None:
+        return False
+    try:
+        return bool(getattr(arch_features(arch), feature))
+    except ValueError:
+        return False
+
+
+def first_arch(feature: str) -> str:
+    """The oldest listed arch with ``feature``, as "sm_89" (for messages)."""
+    a = min(a for a, f in ARCHS.items() if getattr(f, feature))
+    return f"sm_{a[0]}{a[1]}"
 
 
 def gpu(name: str) -> GPU:

@@ -28,8 +28,9 @@ def gluon_kernel(module: str, name: str) -> tuple[FastKernel | None, str | None]
 
 
 def on_sm90(device: torch.device, arch: tuple[int, int] | None = None) -> bool:
-    """Whether ``device`` is an sm_90 GPU; ``arch`` stands for another GPU's (``ksctl plan``)."""
-    return device.type == "cuda" and (device_arch(device) if arch is None else arch) == (9, 0)
+    """Whether ``device`` is an sm_90 GPU (wgmma-era TMA and mbarriers, what the Gluon ring kernels
+    are written for); ``arch`` stands for another GPU's (``ksctl plan``)."""
+    return device.type == "cuda" and gpus.has(device_arch(device) if arch is None else arch, "wgmma")
 
 
 @functools.lru_cache(maxsize=None)

@@ -18,6 +18,7 @@ import functools
 
 import torch
 
+from ...core import gpus
 from ...core.alloc import empty
 from ...core.arch import ArchRange, device_arch
 from ...core.autograd import needs_grad
@@ -26,7 +27,6 @@ from ...core.registry import BenchCase, Cost, Impl, OpSpec, Problem, declare_op,
 from ...core.support import triton_device
 from . import reference as ref
 
-_FP8_ARCH = (8, 9)  # e4m3 conversions in hardware (Ada, Hopper and newer)
 MAX_HEAD_DIM = 256
 
 
@@ -97,8 +97,8 @@ def _paged_supports(p: Problem) -> str | None:
         return "q, a cache or block_table has a strided last dim (pass .contiguous())"
     if p["head_dim"] > MAX_HEAD_DIM:
         return f"head size {p['head_dim']} > {MAX_HEAD_DIM}"
-    if p["cache_dtype"] == "float8_e4m3fn" and p.arch is not None and p.arch < _FP8_ARCH:
-        return f"an fp8 e4m3 cache needs sm_89 or newer (device is sm_{p.arch[0]}{p.arch[1]})"
+    if p["cache_dtype"] == "float8_e4m3fn" and p.arch is not None and not gpus.has(p.arch, "fp8"):
+        return f"an fp8 e4m3 cache needs {gpus.first_arch('fp8')} or newer (device is sm_{p.arch[0]}{p.arch[1]})"
     return None
 
 

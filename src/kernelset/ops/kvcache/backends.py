@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import torch
 
+from ...core import gpus
 from ...core.arch import ArchRange, device_arch
 from ...core.enums import Backend
 from ...core.registry import BenchCase, Cost, Impl, OpSpec, Problem, declare_op, register_impl
 from ...core.support import triton_device
 from . import reference as ref
 
-_FP8_ARCH = (8, 9)  # e4m3 conversions in hardware (Ada, Hopper and newer)
 
 
 def _size(dtype: torch.dtype) -> int:
@@ -30,9 +30,8 @@ def _unit(*ts: torch.Tensor) -> bool:
 
 
 def _fp8_reason(p: Problem) -> str | None:
-    if p["cache_dtype"] == "float8_e4m3fn" and p.arch is not None and p.arch < _FP8_ARCH:
-        return (f"an fp8 e4m3 cache needs sm_{_FP8_ARCH[0]}{_FP8_ARCH[1]} or newer "
-                f"(device is sm_{p.arch[0]}{p.arch[1]})")
+    if p["cache_dtype"] == "float8_e4m3fn" and p.arch is not None and not gpus.has(p.arch, "fp8"):
+        return f"an fp8 e4m3 cache needs {gpus.first_arch('fp8')} or newer (device is sm_{p.arch[0]}{p.arch[1]})"
     return None
 
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import torch
 
+from ...core import gpus
 from ...core.arch import ArchRange, device_arch
 from ...core.enums import Backend
 from ...core.registry import BenchCase, Cost, Impl, OpSpec, Problem, declare_op, register_impl
 from ...core.support import triton_device
 from . import reference as ref
 
-_FP8_ARCH = (8, 9)
 MAX_RANK = 1024
 
 
@@ -70,8 +70,8 @@ def _supports(p: Problem) -> str | None:
         return reason
     if p["kv_lora_rank"] > MAX_RANK:
         return f"kv_lora_rank {p['kv_lora_rank']} > {MAX_RANK} (the accumulator would not fit in registers)"
-    if p["cache_dtype"] == "float8_e4m3fn" and p.arch is not None and p.arch < _FP8_ARCH:
-        return f"an fp8 e4m3 cache needs sm_89 or newer (device is sm_{p.arch[0]}{p.arch[1]})"
+    if p["cache_dtype"] == "float8_e4m3fn" and p.arch is not None and not gpus.has(p.arch, "fp8"):
+        return f"an fp8 e4m3 cache needs {gpus.first_arch('fp8')} or newer (device is sm_{p.arch[0]}{p.arch[1]})"
     return None
 
 

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from ...core import config
+from ...core import config, gpus
 from ...core.alloc import empty
 from ...core.tuning import TuningStack, hash_once
 from ..attention.kernels import _paged_attn_reduce_kernel
@@ -143,7 +143,7 @@ def wgmma_shape_reason(arch, device_type: str, q_dtype: torch.dtype, cache_dtype
         return "turned off (MlaTuning.wgmma=False)"
     if config.get().triton_interpret or device_type != "cuda":
         return "needs an sm_90 GPU (not the interpreter)"
-    if tuple(arch or ()) != (9, 0):
+    if not (gpus.has(arch, "wgmma") and gpus.has(arch, "tma")):  # (sm_90 alone: Blackwell has tcgen05)
         return "needs sm_90 (wgmma and TMA)"
     if cache_dtype != q_dtype or q_dtype not in (torch.bfloat16, torch.float16):
         return "needs a bf16/fp16 cache in the query dtype"
