@@ -420,3 +420,98 @@ def test_apply_rotary_replay_matches_the_full_path(case):
         got = ks.apply_rotary(q2, k, cos, sin, interleaved=il, unsqueeze_dim=ud)
         ref = ks.apply_rotary(q2, k, cos, sin, interleaved=il, unsqueeze_dim=ud, backend="reference")
         assert rel_err(got.q, ref.q) <= tolerance("elementwise", torch.bfloat16)
+
+
+# ---- rotary_embedding's eager replay table (api._ROT_EAGER) -----------------------------------
+
+
+def test_rotary_embedding_replay_key(device):
+    """The key holds shapes, strides, dtypes, devices, options and where k lies relative to q in
+    a shared storage, not the addresses of separate tensors; the CPU is never kept; a configuration
+    change empties the table."""
+    from kernelset.ops.rope import api
+    key = api._rot_eager_key
+    pos, cache = torch.arange(3, device=device), _cache(8, 32, device=device)
+    q, k = torch.randn(3, 4, 32, device=device), torch.randn(3, 2, 32, device=device)
+    q2, k2 = torch.randn_like(q), torch.randn_like(k)
+    assert key(pos, q, k, cache, False, None, None, "auto") == key(pos, q2, k2, cache, False, None, None, "auto")
+    assert key(pos, q, k, cache, 0, None, None, "auto") is None  # a non-bool flag goes through the checks
+    assert key(pos, q, k, cache, False, 32.0, None, "auto") is None
+    qkv = torch.randn(3, 8, 32, device=device)
+    a = key(pos, qkv[:, :4], qkv[:, 4:6], cache, False, None, None, "auto")
+    b = key(pos, qkv[:, :4], qkv[:, 5:7], cache, False, None, None, "auto")  # same shapes, another offset
+    assert a is not None and a != b and a != key(pos, q, k[:, :2], cache, False, None, None, "auto")
+    if device.type == "cpu":
+        api._ROT_EAGER.clear()
+        ks.rotary_embedding(pos, q, k, cache)
+        ks.rotary_embedding(pos, q, k, cache)
+        assert not api._ROT_EAGER
+    api._ROT_EAGER["sentinel"] = None
+    with ks.config.override(direct_launch=False):
+        assert "sentinel" not in api._ROT_EAGER
+
+
+def test_rotary_embedding_replay_never_skips_the_overlap_check(device):
+    """A replay validated for a fused buffer's disjoint q/k slices is not reused for slices of the
+    same shapes and strides that overlap: their key differs, so the checks run and refuse them."""
+    from kernelset.ops.rope import api
+    pos, cache = torch.arange(3, device=device), _cache(8, 32, device=device)
+    qkv = torch.randn(3, 8, 32, device=device)
+    ran = []
+    api._ROT_EAGER.clear()
+    api._ROT_EAGER[api._rot_eager_key(pos, qkv[:, :4], qkv[:, 4:6], cache, False, None, None, "auto")] = \
+        lambda *a: ran.append(a) or True
+    ks.rotary_embedding(pos, qkv[:, :4], qkv[:, 4:6], cache)
+    assert len(ran) == 1
+    with pytest.raises(ValueError, match="'k' must be a different tensor from q sharing no memory"):
+        ks.rotary_embedding(pos, qkv[:, :4], qkv[:, 2:4], cache)
+    assert len(ran) == 1
+    api._ROT_EAGER.clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["separate", "fused-qkv", "no-k", "flat-2d", "interleaved", "int32-pos",
+                                  "misaligned"])
+def test_rotary_embedding_replay_matches_the_full_path(case):
+    from kernelset.ops.rope import api
+    dev = torch.device("cuda")
+    t, hq, hk, d = 5, 8, 2, 64
+    cache = _cache(16, d, device=dev)
+    pos = torch.tensor([3, 0, 15, 7, 7], device=dev, dtype=torch.int32 if case == "int32-pos" else torch.int64)
+    il, hs = case == "interleaved", None
+
+    def inputs():
+        if case == "fused-qkv":
+            qkv = torch.randn(t, hq + 2 * hk, d, device=dev, dtype=torch.bfloat16)
+            return qkv[:, :hq], qkv[:, hq:hq + hk]
+        q = torch.randn(t, hq, d, device=dev, dtype=torch.bfloat16)
+        k = None if case == "no-k" else torch.randn(t, hk, d, device=dev, dtype=torch.bfloat16)
+        if case == "flat-2d":
+            return q.view(t, hq * d), k.view(t, hk * d)
+        return q, k
+
+    if case == "flat-2d":
+        hs = d
+    api._ROT_EAGER.clear()
+    ks.rotary_embedding(pos, *inputs(), cache, interleaved=il, head_size=hs)  # validated, then kept
+    assert len(api._ROT_EAGER) == 1
+    (replay,) = api._ROT_EAGER.values()
+    q, k = inputs()
+    want_q, want_k = (None if x is None else x.clone() for x in (q, k))
+    ks.rotary_embedding(pos, want_q, want_k, cache, interleaved=il, head_size=hs, backend="reference")
+    assert replay(pos, q, k, cache), "the replay did not launch"
+    assert rel_err(q, want_q) <= tolerance("elementwise", torch.bfloat16)
+    if k is not None:
+        assert rel_err(k, want_k) <= tolerance("elementwise", torch.bfloat16)
+    q2, k2 = inputs()
+    full_q, full_k = (None if x is None else x.clone() for x in (q2, k2))
+    with ks.config.override(direct_launch=False):  # (empties the table: the full path)
+        ks.rotary_embedding(pos, full_q, full_k, cache, interleaved=il, head_size=hs)
+    ks.rotary_embedding(pos, *inputs(), cache, interleaved=il, head_size=hs)  # kept again
+    ks.rotary_embedding(pos, q2, k2, cache, interleaved=il, head_size=hs)  # through the replay
+    assert len(api._ROT_EAGER) == 1
+    assert torch.equal(q2, full_q) and (k2 is None or torch.equal(k2, full_k))
+    if case == "misaligned":  # same shapes and strides, q one element off its aligned base
+        base = torch.randn(q.numel() + 8, device=dev, dtype=torch.bfloat16)
+        q3 = base[1:1 + q.numel()].view(q.shape)
+        assert not replay(pos, q3, k, cache)

@@ -29,6 +29,13 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor |
     (x[i], x[i + R/2]) or, with ``interleaved``, GPT-J style (x[2i], x[2i+1]). fp32 math. A
     position outside [0, max_pos) leaves its token unrotated. Returns ``(q, k)`` themselves.
     """
+    key = None
+    if not torch.compiler.is_compiling() and not needs_grad(q, k, cos_sin_cache):
+        key = _rot_eager_key(positions, q, k, cos_sin_cache, interleaved, rotary_dim, head_size, backend)
+        if key is not None:
+            replay = _ROT_EAGER.get(key)
+            if replay is not None and replay(positions, q, k, cos_sin_cache):
+                return RotaryOutput(q, k)
     op = "rotary_embedding"
     checks.tensor(op, "positions", positions, dtypes=(torch.int64, torch.int32))
     hs = _check_serving(op, q, k, cos_sin_cache, rotary_dim, head_size)
@@ -39,10 +46,46 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor |
         positions = positions.contiguous()  # the kernel reads positions[t] at t (T ints: a cheap copy)
     if torch.compiler.is_compiling():
         torch.ops.kernelset.rotary_embedding_(positions, q, k, cos_sin_cache, interleaved, hs, str(backend))
-    else:
-        dispatch.select(op, backend, (positions, q, k, cos_sin_cache, hs), {}).forward(
-            positions, q, k, cos_sin_cache, interleaved, hs)
+        return RotaryOutput(q, k)
+    impl = dispatch.select(op, backend, (positions, q, k, cos_sin_cache, hs), {})
+    impl.forward(positions, q, k, cos_sin_cache, interleaved, hs)
+    if key is not None and impl.backend is Backend.TRITON and key not in _ROT_EAGER:
+        from .launch import rope_fwd_replay
+        replay = rope_fwd_replay(positions, q, k, cos_sin_cache, interleaved, hs)
+        if replay is not None:
+            if len(_ROT_EAGER) >= 1024:
+                _ROT_EAGER.clear()
+            _ROT_EAGER[key] = replay
     return RotaryOutput(q, k)
+
+
+# Eager calls whose every argument property matches a call validated before launch the kernel
+# again through ``launch.rope_fwd_replay`` (the policy and integer arguments computed once),
+# without the checks and the dispatcher: a serving engine calls this op once per layer per step,
+# and at T=16384 32/8 D128 the full path's host time (~100 us on a lent H200 host) exceeded the
+# 88 us kernel. Besides shapes, strides, dtypes and devices, the key holds where k lies relative
+# to q when both share a storage (a fused qkv buffer's slices: validated disjoint once, at that
+# offset); k in another storage cannot overlap q. As ``norm.api._EAGER``: emptied on any
+# configuration change; the replay refuses tensors whose alignment differs from the compiled
+# kernel's (then the full path runs and checks everything).
+_ROT_EAGER: dict[tuple, Any] = {}
+config.on_change(_ROT_EAGER.clear)
+
+
+def _rot_eager_key(positions, q, k, cache, interleaved, rotary_dim, head_size, backend) -> tuple | None:
+    if (type(q) is not torch.Tensor or type(positions) is not torch.Tensor or type(cache) is not torch.Tensor
+            or not (k is None or type(k) is torch.Tensor) or type(interleaved) is not bool
+            or not (rotary_dim is None or type(rotary_dim) is int) or not (head_size is None or type(head_size) is int)
+            or type(backend) is not str):
+        return None
+    if k is None:
+        kk = None
+    else:
+        same = k.untyped_storage().data_ptr() == q.untyped_storage().data_ptr()
+        kk = (k.shape, k.stride(), k.dtype, k.device, k.data_ptr() - q.data_ptr() if same else None)
+    return (positions.shape, positions.stride(), positions.dtype, positions.device, q.shape, q.stride(), q.dtype,
+            q.device, kk, cache.shape, cache.stride(), cache.dtype, cache.device, interleaved, rotary_dim,
+            head_size, backend)
 
 
 def _check_serving(op: str, q: torch.Tensor, k: torch.Tensor | None, cos_sin_cache: torch.Tensor,

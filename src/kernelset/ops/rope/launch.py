@@ -51,19 +51,51 @@ def rope_fwd_policy(t: int, hq: int, hk: int, half: int) -> RopeLaunch:
     return RopeLaunch(b1, b2, block_r, warps, nb1, (t, nb))
 
 
-def rope_fwd(positions, q, k, cache, interleaved, head_size):
+def _fwd_launch(positions, q, k, cache, interleaved, head_size):
+    """(policy, site, ints after the four tensors, whether k has heads) of _rope_fwd_kernel, or
+    None for an empty problem; rope_fwd and its replay both build their launch here."""
     t = positions.numel()
     half = cache.shape[1] // 2
-    hq = q[0].numel() // head_size if t else 0
-    hk = k[0].numel() // head_size if k is not None and t else 0
+    hq = (q.numel() // t) // head_size if t else 0
+    hk = (k.numel() // t) // head_size if k is not None and t else 0
     if t == 0 or hq + hk == 0:
-        return
+        return None
     p = rope_fwd_policy(t, hq, hk, half)
     # without k (or with no k heads) the k blocks are empty: q stands in for the pointer
     kx = k if hk else q
-    _fwd(p.grid, positions, q, kx, cache, hq, hk, p.nb1, cache.shape[0], q.stride(0), kx.stride(0),
-         cache.stride(0), D=head_size, HALF=half, INTERLEAVED=interleaved, BLOCK_H1=p.block_h1,
-         BLOCK_H2=p.block_h2, BLOCK_R=p.block_r, num_warps=p.num_warps)
+    ints = (hq, hk, p.nb1, cache.shape[0], q.stride(0), kx.stride(0), cache.stride(0))
+    site = (head_size, half, bool(interleaved), p.block_h1, p.block_h2, p.block_r, p.num_warps)
+    return p, site, ints, hk > 0
+
+
+def rope_fwd(positions, q, k, cache, interleaved, head_size):
+    la = _fwd_launch(positions, q, k, cache, interleaved, head_size)
+    if la is None:
+        return
+    p, site, ints, has_k = la
+    kx = k if has_k else q
+    if not _fwd.at(site, p.grid, positions, q, kx, cache, *ints):
+        _fwd(p.grid, positions, q, kx, cache, *ints, site=site, D=head_size, HALF=site[1], INTERLEAVED=site[2],
+             BLOCK_H1=p.block_h1, BLOCK_H2=p.block_h2, BLOCK_R=p.block_r, num_warps=p.num_warps)
+
+
+def rope_fwd_replay(positions, q, k, cache, interleaved, head_size):
+    """A launcher for later calls like this one (same shapes, strides, dtypes, devices, options
+    and q/k placement; the caller's table keys on them): ``replay(positions, q, k, cache) ->
+    bool``, one bound launch (``FastKernel.at``) with the policy and the integer arguments
+    computed here once; False, nothing launched, where the tensors differ in what the kernel was
+    compiled for (then the full call runs). None where this call is not replayed (the CPU, an
+    empty problem, positions with a stride)."""
+    if not q.is_cuda or (positions.numel() > 1 and positions.stride(0) != 1):
+        return None
+    la = _fwd_launch(positions, q, k, cache, interleaved, head_size)
+    if la is None:
+        return None
+    p, site, ints, has_k = la
+    grid, at = p.grid, _fwd.at
+    if has_k:
+        return lambda positions, q, k, cache: at(site, grid, positions, q, k, cache, *ints)
+    return lambda positions, q, k, cache: at(site, grid, positions, q, q, cache, *ints)
 
 
 _apply = FastKernel(_rope_apply_kernel)
