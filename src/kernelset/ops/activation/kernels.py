@@ -14,26 +14,28 @@ import triton.language as tl
 
 
 @triton.jit
-def _erfc(z):
-    # erfc in the Numerical Recipes form, t = 1 / (1 + |z| / 2), erfc(|z|) = t exp(poly(t) - z^2)
-    # (relative error < 1.2e-7 in exact arithmetic, ~1e-5 in fp32 at |z| ~ 6), erfc(-z) = 2 - erfc(z).
-    # GELU's Phi(x) = erfc(-x / sqrt 2) / 2 has no cancellation in the negative tail, where
-    # (1 + erf(x / sqrt 2)) / 2 loses every digit (x < -5.5 gives 0); and one reciprocal, one exp
-    # and nine FMAs are fewer instructions than libdevice's erff: on the H200 the erf form held
-    # gelu_and_mul at 83-91% of copy (scripts/act_tune.py, docs/benchmarks/2026-11-27-s18)
-    a = tl.abs(z)
-    t = 1.0 / (1.0 + 0.5 * a)
-    p = 0.17087277 * t - 0.82215223
-    p = p * t + 1.48851587
-    p = p * t - 1.13520398
-    p = p * t + 0.27886807
-    p = p * t - 0.18628806
-    p = p * t + 0.09678418
-    p = p * t + 0.37409196
-    p = p * t + 1.00002368
-    p = p * t - 1.26551223
-    r = t * tl.exp(p - a * a)
-    return tl.where(z >= 0, r, 2.0 - r)
+def _gelu_phi(g):
+    # GELU's Phi(g) = erfc(-g / sqrt 2) / 2 through erfc in the Numerical Recipes form: with
+    # a = |g| / sqrt 2, t = 1 / (1 + a / 2), erfc(a) = t exp(P(t) - a^2) (relative error < 1.2e-7
+    # in exact arithmetic, ~1e-5 in fp32 at a ~ 6), erfc(-a) = 2 - erfc(a). No cancellation in
+    # the negative tail, where (1 + erf(g / sqrt 2)) / 2 loses every digit (g < -5.5 gives 0), and
+    # fewer instructions than libdevice's erff (on the H200 the erf form held gelu_and_mul at
+    # 83-91% of copy: scripts/act_tune.py, docs/benchmarks/2026-11-27-s18). The constants are
+    # folded (session 26): h = erfc(a) / 2 = t exp2(Q(t) - log2(e) g^2 / 2) with Q = log2(e) P - 1
+    # (P's coefficients times log2(e), the halving in its constant), so the exp is one ex2 and
+    # t's denominator one FMA; Phi = h for g <= 0, 1 - h above.
+    t = 1.0 / (1.0 + 0.3535533905932738 * tl.abs(g))
+    q = 0.24651729790196045 * t - 1.1861149450768025
+    q = q * t + 2.147474463933521
+    q = q * t - 1.637753152343414
+    q = q * t + 0.40232158165127635
+    q = q * t - 0.2687568603388257
+    q = q * t + 0.1396300565225048
+    q = q * t + 0.5397006155284324
+    q = q * t + 1.4427292039075317
+    q = q * t - 2.825748218405333
+    h = t * tl.exp2(q - 0.7213475204444817 * g * g)
+    return tl.where(g <= 0, h, 1.0 - h)
 
 
 @triton.jit
@@ -41,7 +43,7 @@ def _act(g, ACT: tl.constexpr):
     if ACT == 0:
         return g * tl.sigmoid(g)
     elif ACT == 1:
-        return 0.5 * g * _erfc(g * -0.7071067811865476)
+        return g * _gelu_phi(g)
     else:
         # tanh(z) = 2 * sigmoid(2z) - 1: no libdevice dependency, same result to fp32 rounding
         z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
@@ -54,8 +56,8 @@ def _act_and_grad(g, ACT: tl.constexpr):
         s = tl.sigmoid(g)
         return g * s, s * (1.0 + g * (1.0 - s))
     elif ACT == 1:
-        cdf = 0.5 * _erfc(g * -0.7071067811865476)
-        return g * cdf, cdf + g * tl.exp(-0.5 * g * g) * 0.3989422804014327
+        cdf = _gelu_phi(g)
+        return g * cdf, cdf + g * tl.exp2(-0.7213475204444817 * g * g) * 0.3989422804014327
     else:
         z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
         t = 2.0 * tl.sigmoid(2.0 * z) - 1.0
