@@ -30,7 +30,9 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor |
     position outside [0, max_pos) leaves its token unrotated. Returns ``(q, k)`` themselves.
     """
     key = None
-    if not torch.compiler.is_compiling() and not needs_grad(q, k, cos_sin_cache):
+    # (plain tensors first: anything else goes to the checks, which name it; a training call builds no key)
+    if (not torch.compiler.is_compiling() and type(q) is torch.Tensor and type(cos_sin_cache) is torch.Tensor
+            and (k is None or type(k) is torch.Tensor) and not needs_grad(q, k, cos_sin_cache)):
         key = _rot_eager_key(positions, q, k, cos_sin_cache, interleaved, rotary_dim, head_size, backend)
         if key is not None:
             replay = _ROT_EAGER.get(key)
