@@ -10,6 +10,48 @@ import sys
 import torch
 
 
+def _block(m: int, n: int) -> tuple[int, int]:
+    """torch's ReduceConfig block (W lanes x Hy warps) for mean(-1) over [m, n] fp32, vectorized by 4."""
+    dim0 = n // 4
+    d0 = 1 << (dim0.bit_length() - 1) if dim0 < 512 else 512
+    d1 = 1 << (m.bit_length() - 1) if m < 512 else 512
+    w = min(d0, 32)
+    hy = min(d1, 512 // w)
+    return min(d0, 512 // hy), hy
+
+
+def _emulate(xf: torch.Tensor, w: int, hy: int, first: str, tree: str) -> torch.Tensor:
+    """Sum of squares per row, lanes L = x + y * w each over vectors L, L + w*hy, ... (4
+    accumulators, ((a0 + a1) + a2) + a3), then the y tree (halving) and the x tree (shared-memory
+    halving down to 32, then the warp's ``tree``), ``first`` of the two first."""
+    m, n = xf.shape
+    lanes = w * hy
+    j = -(-n // (4 * lanes))
+    sq = torch.nn.functional.pad(xf * xf, (0, j * 4 * lanes - n)).view(m, j, hy, w, 4)
+    acc = torch.zeros(m, hy, w, 4, dtype=torch.float32, device=xf.device)
+    for k in range(j):
+        acc = acc + sq[:, k]
+    t = ((acc[..., 0] + acc[..., 1]) + acc[..., 2]) + acc[..., 3]  # [m, hy, w]
+
+    def y_reduce(t):
+        while t.shape[1] > 1:
+            h = t.shape[1] // 2
+            t = t[:, :h] + t[:, h:]
+        return t
+
+    def x_reduce(t):
+        while t.shape[2] > 32:
+            h = t.shape[2] // 2
+            t = t[:, :, :h] + t[:, :, h:]
+        while t.shape[2] > 1:
+            h = t.shape[2] // 2
+            t = t[:, :, :h] + t[:, :, h:] if tree == "halving" else t[:, :, 0::2] + t[:, :, 1::2]
+        return t
+
+    t = x_reduce(y_reduce(t)) if first == "y" else y_reduce(x_reduce(t))
+    return t[:, 0, 0]
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("torch_order_probe: no CUDA device")
@@ -48,6 +90,26 @@ def main() -> int:
     rsqrt_kernel[(1,)](v, y, z, N=1 << 16)
     t = torch.rsqrt(v)
     print(f"tl.rsqrt == torch.rsqrt on {v.numel()} values: {int((y == t).sum())}; 1/sqrt_rn: {int((z == t).sum())}")
+
+    # rows torch's reduce splits across the warps of a block (block W x Hy, both splitting the
+    # row: 2+ rows of 8192-16384): which order its sum follows, among candidates (session 26)
+    split = [(m, n) for m in (2, 3, 5, 15, 16, 17, 100, 2048) for n in (8192, 10240, 12288, 16384)]
+    cands = {f"{first}-first, warp {tree}": (first, tree) for first in ("y", "x") for tree in ("halving", "doubling")}
+    hits = {c: 0 for c in cands}
+    for m, n in split:
+        w_, hy = _block(m, n)
+        x = (torch.randn(m, n, device="cuda", generator=g)
+             * torch.exp2(torch.randint(-8, 8, (m, n), device="cuda", generator=g).float())).to(torch.bfloat16)
+        xf = x.float()
+        want = xf.pow(2).mean(-1)
+        res = []
+        for c, (first, tree) in cands.items():
+            ok = torch.equal(_emulate(xf, w_, hy, first, tree) * R.torch_cuda_mean_factor(m, n), want)
+            hits[c] += ok
+            res.append(f"{c} {'==' if ok else '!='}")
+        lanes = R.torch_cuda_mean_lanes(m, n)
+        print(f"split {m}x{n} (block {w_} x {hy}; torch_cuda_mean_lanes {lanes}): {'; '.join(res)}")
+    print("split shapes matched per candidate:", hits, "of", len(split))
 
     # what exactness costs: the torch-order kernel against the default one (device time)
     import kernelset as ks

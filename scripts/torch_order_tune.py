@@ -20,7 +20,8 @@ import torch
 from kernelset.bench.timing import capture, copy_bandwidth_gbs, cuda_time_ms
 from kernelset.ops.norm import launch, policy
 
-SHAPES = [(2048, 4096), (8192, 4096), (4096, 2048), (512, 4096), (2048, 5120), (32, 4096), (1, 4096)]
+SHAPES = [(2048, 4096), (8192, 4096), (4096, 2048), (512, 4096), (2048, 5120), (32, 4096), (1, 4096), (2048, 8192),
+          (512, 16384)]
 
 
 def _hf(x, w, eps=1e-5):

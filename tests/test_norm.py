@@ -255,7 +255,7 @@ def test_rms_norm_rounds_like_huggingface(cast, device):
 
 # (rows, hidden): torch's reduce gives a row 32 lanes from 16 rows up, more below (512 at one row)
 TORCH_ORDER_SHAPES = [(1, 256), (3, 132), (17, 512), (2, 3072), (5, 1000), (16, 4096), (1, 16384), (9, 2052),
-                      (1, 8192), (2, 6144)]
+                      (1, 8192), (2, 6144), (2, 8192), (17, 16384), (5, 12288)]  # the last 3: rows split across warps
 
 
 def _spread(m, n, device, dtype=torch.bfloat16):
@@ -332,7 +332,7 @@ def test_rms_norm_torch_order_equals_transformers(module, device):
     runs the reference, torch's own ops; on CUDA our kernel)."""
     mod = pytest.importorskip(f"transformers.models.{module}.modeling_{module}")
     cls = mod.LlamaRMSNorm if module == "llama" else mod.GemmaRMSNorm
-    for m, n in ((1, 4096), (7, 2048), (64, 4096), (300, 1024), (3, 8192)):  # 8192 x 3: the reference
+    for m, n in ((1, 4096), (7, 2048), (64, 4096), (300, 1024), (3, 8192), (64, 16384)):  # rows split across warps last
         norm = cls(n, eps=1e-5).to(device)
         with torch.no_grad():
             norm.weight.copy_(torch.randn(n) * 0.3 + (1.0 if module == "llama" else 0.0))

@@ -70,7 +70,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, *, eps: float 
     ``offset=1.0`` is Gemma's ``(1 + w)``; ``cast`` picks where the result is rounded.
     ``torch_order=True`` sums mean(x^2) in the order torch's own CUDA ``x.pow(2).mean(-1)`` does,
     so the result equals a transformers RMSNorm module bit for bit (``cast`` chosen to match it):
-    the forward ``ks.hf.kernelize`` uses. The Triton kernel covers hidden sizes in (128, 7936]
+    the forward ``ks.hf.kernelize`` uses. The Triton kernel covers hidden sizes in (128, 16384]
     divisible by 4 on CUDA; elsewhere the reference (torch's own ops) runs, which is that order by
     construction. The backward is the same either way.
     Returns y ``[..., N]`` contiguous, in x.dtype.

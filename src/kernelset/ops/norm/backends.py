@@ -170,8 +170,8 @@ def _t_rms_supports(p: Problem) -> str | None:
         if p.device.type != "cuda":
             return "torch_order reproduces torch's CUDA reduction; on the CPU torch's own ops (the reference) run"
         if ref.torch_cuda_mean_lanes(2, p.shape[1]) is None:
-            return (f"torch_order needs a hidden size in (128, 7936] divisible by 4 (torch splits or does not "
-                    f"vectorize other rows), got {p.shape[1]}; the reference runs torch's own ops")
+            return (f"torch_order needs a hidden size in (128, 16384] divisible by 4 (torch splits other rows "
+                    f"across blocks or does not vectorize them), got {p.shape[1]}; the reference runs torch's own ops")
     return reason
 
 

@@ -35,8 +35,8 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
 def torch_cuda_mean_lanes(m: int, n: int) -> int | None:
     """Threads per row of torch's CUDA reduce kernel for ``t.mean(-1)`` over a contiguous fp32
     ``[m, n]`` tensor (ReduceConfig: 512 threads, rows vectorized by 4 when n > 128), or None
-    where that kernel would split a row across warps or blocks or not vectorize (n <= 128,
-    n % 4, n > 16384, or n >= 8192 with 2 rows or more): the orders ``torch_order`` reproduces."""
+    where that kernel would split a row across blocks or not vectorize (n <= 128, n % 4,
+    n > 16384): the orders ``torch_order`` reproduces."""
     if n <= 128 or n % 4 or n > 16384 or m < 1:
         return None
     dim0 = n // 4
@@ -50,8 +50,13 @@ def torch_cuda_mean_lanes(m: int, n: int) -> int | None:
         return width  # each warp row sums one output: lanes = block width
     if height == 1 and per_thread < 256:
         return width  # the "split" across one warp row changes nothing
-    # the warps of a block split the row (n >= 8192 from 2 rows up): an order this emulation does
-    # not reproduce yet (the probe finds rows off by one bit); torch's own ops run instead
+    # the block's warps split the row too (n >= 8192 from 2 rows up): thread (x, y) sums vectors
+    # x + y * width + k * width * height, and the block reduces y first (shared memory, halving),
+    # then x: the halving tree over width * height lanes numbered x + y * width (session 26,
+    # scripts/torch_order_probe.py). Rows split across blocks too (256+ values per thread) are not
+    # reproduced: torch's own ops run there.
+    if -(-n // (width * height)) < 256:
+        return width * height
     return None
 
 
