@@ -66,7 +66,7 @@ def main() -> int:
                 assert torch.equal(y, want), f"[{m}, {n}] rows {rows} unroll {unroll}: not HF's bits"
                 ms, g = gbs(lambda t: launch.rms_fwd_torch_order(t, w, eps=1e-5, offset=0.0, gemma_cast=False,
                                                                 stats=False))
-                site = launch._torch_order_site(launch.torch_cuda_mean_lanes(m, n), n, True, False, False)
+                site = launch._torch_order_site(launch.torch_cuda_mean_block(m, n), n, True, False, False)
             rows_out.append((g, ms, rows, unroll, ept, site))
         rows_out.sort(reverse=True)
         old = next(r for r in rows_out if r[2:5] == (1, 1, 4))

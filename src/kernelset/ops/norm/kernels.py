@@ -590,11 +590,14 @@ def _norm_bwd_dwdb_kernel(DY, X, MEAN, RSTD, DW_PART, DB_PART, M, N, stride_dy, 
 @triton.jit
 def _rms_fwd_torch_order_kernel(X, W, Y, RSTD, M, N, stride_x, stride_y, eps, factor, offset,
                                 HAS_WEIGHT: tl.constexpr, GEMMA_CAST: tl.constexpr, STORE_STATS: tl.constexpr,
-                                LANES: tl.constexpr, ROWS: tl.constexpr, UNROLL: tl.constexpr):
-    # ROWS rows per program. torch's reduce kernel gives a row LANES threads; thread t keeps 4
-    # accumulators and adds x[(j * LANES + t) * 4 + i]^2 for j = 0, 1, ... in order; the four are
-    # combined ((a0 + a1) + a2) + a3; then lane t adds lane t + half for half = LANES/2, ..., 1
-    # (shared memory down to 32 lanes, then the warp's shuffle-down with halving offsets). Each
+                                LANES: tl.constexpr, LANES_Y: tl.constexpr, ROWS: tl.constexpr,
+                                UNROLL: tl.constexpr):
+    # ROWS rows per program. torch's reduce kernel gives a row LANES threads, t = x + y * WX for
+    # LANES_Y warp rows y of WX lanes x (LANES_Y = 1 unless the block's warps split the row);
+    # thread t keeps 4 accumulators and adds x[(j * LANES + t) * 4 + i]^2 for j = 0, 1, ... in
+    # order; the four are combined ((a0 + a1) + a2) + a3; then lane x adds lane x + half for half
+    # = WX/2, ..., 1 (shared memory down to 32 lanes, then the warp's shuffle-down with halving
+    # offsets), then warp row y adds y + half for half = LANES_Y/2, ..., 1 (shared memory). Each
     # step below is one fp32 addition of the same operands; the launch disables FMA contraction,
     # so x * x is rounded before it is added, as torch's pow(2) tensor is. UNROLL steps of j per
     # iteration: their loads do not depend on the sum, so they are all in flight at once (one j
@@ -612,19 +615,27 @@ def _rms_fwd_torch_order_kernel(X, W, Y, RSTD, M, N, stride_x, stride_y, eps, fa
     ev, od = tl.split(tl.reshape(acc, (ROWS, LANES, 2, 2)))
     a0, a2 = tl.split(ev)
     a1, a3 = tl.split(od)
-    t = ((a0 + a1) + a2) + a3
-    if LANES >= 512:
-        t = tl.sum(tl.reshape(t, (ROWS, 2, 256)), axis=1)
-    if LANES >= 256:
-        t = tl.sum(tl.reshape(t, (ROWS, 2, 128)), axis=1)
-    if LANES >= 128:
-        t = tl.sum(tl.reshape(t, (ROWS, 2, 64)), axis=1)
-    if LANES >= 64:
-        t = tl.sum(tl.reshape(t, (ROWS, 2, 32)), axis=1)
-    t = tl.sum(tl.reshape(t, (ROWS, 2, 16)), axis=1)
-    t = tl.sum(tl.reshape(t, (ROWS, 2, 8)), axis=1)
-    t = tl.sum(tl.reshape(t, (ROWS, 2, 4)), axis=1)
-    t = tl.sum(tl.reshape(t, (ROWS, 2, 2)), axis=1)
+    WX: tl.constexpr = LANES // LANES_Y
+    t = tl.reshape(((a0 + a1) + a2) + a3, (ROWS, LANES_Y, WX))
+    if WX >= 512:
+        t = tl.sum(tl.reshape(t, (ROWS, LANES_Y, 2, 256)), axis=2)
+    if WX >= 256:
+        t = tl.sum(tl.reshape(t, (ROWS, LANES_Y, 2, 128)), axis=2)
+    if WX >= 128:
+        t = tl.sum(tl.reshape(t, (ROWS, LANES_Y, 2, 64)), axis=2)
+    if WX >= 64:
+        t = tl.sum(tl.reshape(t, (ROWS, LANES_Y, 2, 32)), axis=2)
+    t = tl.sum(tl.reshape(t, (ROWS, LANES_Y, 2, 16)), axis=2)
+    t = tl.sum(tl.reshape(t, (ROWS, LANES_Y, 2, 8)), axis=2)
+    t = tl.sum(tl.reshape(t, (ROWS, LANES_Y, 2, 4)), axis=2)
+    t = tl.sum(tl.reshape(t, (ROWS, LANES_Y, 2, 2)), axis=2)
+    t = tl.sum(t, axis=2)  # [ROWS, LANES_Y]: each warp row's sum
+    if LANES_Y >= 16:
+        t = tl.sum(tl.reshape(t, (ROWS, 2, 8)), axis=1)
+    if LANES_Y >= 8:
+        t = tl.sum(tl.reshape(t, (ROWS, 2, 4)), axis=1)
+    if LANES_Y >= 4:
+        t = tl.sum(tl.reshape(t, (ROWS, 2, 2)), axis=1)
     total = tl.sum(t, axis=1)
     rstd = tl.rsqrt(total * factor + eps)
     cols = tl.arange(0, 4 * LANES * UNROLL)

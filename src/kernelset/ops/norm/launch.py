@@ -18,7 +18,7 @@ from .kernels import (_norm_bwd_dwdb_kernel, _norm_bwd_kernel, _norm_bwd_looped_
                       _rms_fwd_two_pass_kernel)
 from .policy import (NormTuning, RingLaunch, active, bwd_policy, bwd_split_per_prog, bwd_split_policy, fwd_policy,
                      fwd_split_policy, ring_fwd_policy, torch_order_policy)
-from .reference import torch_cuda_mean_factor, torch_cuda_mean_lanes
+from .reference import torch_cuda_mean_block, torch_cuda_mean_factor
 
 _fwd = FastKernel(_norm_fwd_kernel)
 _fwd_looped = FastKernel(_norm_fwd_looped_kernel)
@@ -76,9 +76,10 @@ def _block_site(p, n: int, is_rms: bool, hr: bool, hw: bool, hb: bool, gemma_cas
     return (p.rows, p.block_n, p.num_warps, is_rms, hr, hw, hb, gemma_cast, stats, n == p.block_n, ho)
 
 
-def _torch_order_site(lanes: int, n: int, hw: bool, gemma_cast: bool, stats: bool) -> tuple:
+def _torch_order_site(block: tuple[int, int], n: int, hw: bool, gemma_cast: bool, stats: bool) -> tuple:
+    lanes = block[0] * block[1]
     rows, unroll, nw = torch_order_policy(lanes, n, active())
-    return (lanes, rows, unroll, nw, hw, gemma_cast, stats)  # (lanes, rows, unroll, num_warps, ...)
+    return (lanes, rows, unroll, nw, block[1], hw, gemma_cast, stats)  # (lanes, rows, unroll, num_warps, lanes_y, ...)
 
 
 def _rows(x: torch.Tensor) -> int:
@@ -163,10 +164,10 @@ def rms_replay(x: torch.Tensor, weight: torch.Tensor | None, *, offset: float, g
     sx = row_stride(x)
     hw = weight is not None
     if torch_order:
-        lanes = torch_cuda_mean_lanes(m, n)
-        if lanes is None:
+        block = torch_cuda_mean_block(m, n)
+        if block is None:
             return None
-        site = _torch_order_site(lanes, n, hw, gemma_cast, False)
+        site = _torch_order_site(block, n, hw, gemma_cast, False)
         grid, factor, at = (-(-m // site[1]),), torch_cuda_mean_factor(m, n), _fwd_torch_order.at
         return lambda x, w, y, eps, offset: at(site, grid, x, w, y, None, m, n, sx, n, eps, factor, offset)
     p = fwd_policy(m, n, sm_count(x.device), True, active())
@@ -185,7 +186,7 @@ def rms_replay(x: torch.Tensor, weight: torch.Tensor | None, *, offset: float, g
 def rms_fwd_torch_order(x: torch.Tensor, weight: torch.Tensor | None, *, eps: float, offset: float, gemma_cast: bool,
                         stats: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """RMSNorm summing mean(x^2) in torch's CUDA order (the caller checked
-    ``torch_cuda_mean_lanes(rows, n)`` is not None for some rows: it depends on n only, past 0 rows)."""
+    ``torch_cuda_mean_lanes(rows, n)`` is not None for some rows: whether it is depends on n only)."""
     shape = x.shape
     n = shape[-1]
     m = x.numel() // n
@@ -194,15 +195,15 @@ def rms_fwd_torch_order(x: torch.Tensor, weight: torch.Tensor | None, *, eps: fl
     rstd = empty(shape[:-1], torch.float32, dev) if stats else None
     if m == 0:
         return y, rstd
-    lanes = torch_cuda_mean_lanes(m, n)
+    block = torch_cuda_mean_block(m, n)
     hw = weight is not None
-    site = _torch_order_site(lanes, n, hw, gemma_cast, stats)
-    _, rows, unroll, nw = site[:4]
+    site = _torch_order_site(block, n, hw, gemma_cast, stats)
+    lanes, rows, unroll, nw = site[:4]
     grid = (-(-m // rows),)
     args = (x, weight, y, rstd, m, n, row_stride(x), n, eps, torch_cuda_mean_factor(m, n), offset)
     if not _fwd_torch_order.at(site, grid, *args):
         _fwd_torch_order(grid, *args, site=site, HAS_WEIGHT=hw, GEMMA_CAST=gemma_cast, STORE_STATS=stats,
-                         LANES=lanes, ROWS=rows, UNROLL=unroll, num_warps=nw, fp_fusion=False)
+                         LANES=lanes, LANES_Y=block[1], ROWS=rows, UNROLL=unroll, num_warps=nw, fp_fusion=False)
     return y, rstd
 
 

@@ -33,10 +33,19 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
 
 @functools.lru_cache(maxsize=4096)
 def torch_cuda_mean_lanes(m: int, n: int) -> int | None:
-    """Threads per row of torch's CUDA reduce kernel for ``t.mean(-1)`` over a contiguous fp32
-    ``[m, n]`` tensor (ReduceConfig: 512 threads, rows vectorized by 4 when n > 128), or None
-    where that kernel would split a row across blocks or not vectorize (n <= 128, n % 4,
-    n > 16384): the orders ``torch_order`` reproduces."""
+    """Threads that sum one row in torch's CUDA ``t.mean(-1)`` (``torch_cuda_mean_block``'s
+    width x height), or None where ``torch_order`` does not reproduce the order."""
+    block = torch_cuda_mean_block(m, n)
+    return None if block is None else block[0] * block[1]
+
+
+@functools.lru_cache(maxsize=4096)
+def torch_cuda_mean_block(m: int, n: int) -> tuple[int, int] | None:
+    """(width, height): the threads of torch's CUDA reduce kernel that sum one row of ``t.mean(-1)``
+    over a contiguous fp32 ``[m, n]`` tensor (ReduceConfig: 512 threads, rows vectorized by 4
+    when n > 128): ``width`` lanes of a warp row, and ``height`` warp rows where the block's warps
+    split the row too (else 1). None where that kernel would split a row across blocks or not
+    vectorize (n <= 128, n % 4, n > 16384): the orders ``torch_order`` reproduces."""
     if n <= 128 or n % 4 or n > 16384 or m < 1:
         return None
     dim0 = n // 4
@@ -47,16 +56,17 @@ def torch_cuda_mean_lanes(m: int, n: int) -> int | None:
     width = min(d0, 512 // height)
     per_thread = -(-n // width)  # counted in elements, not vectors (measured: scripts/torch_order_probe.py)
     if per_thread < height * 16 and per_thread < 256:
-        return width  # each warp row sums one output: lanes = block width
+        return width, 1  # each warp row sums one output: lanes = block width
     if height == 1 and per_thread < 256:
-        return width  # the "split" across one warp row changes nothing
+        return width, 1  # the "split" across one warp row changes nothing
     # the block's warps split the row too (n >= 8192 from 2 rows up): thread (x, y) sums vectors
-    # x + y * width + k * width * height, and the block reduces y first (shared memory, halving),
-    # then x: the halving tree over width * height lanes numbered x + y * width (session 26,
-    # scripts/torch_order_probe.py). Rows split across blocks too (256+ values per thread) are not
-    # reproduced: torch's own ops run there.
+    # x + y * width + k * width * height; the block reduces x first (shared memory down to 32,
+    # then the warp), then y (shared memory, halving): of four candidate orders only this one gave
+    # torch's bits at all 32 shapes of 2-2048 rows x 8192-16384 (session 26,
+    # scripts/torch_order_probe.py, torch 2.11 on an H200). Rows split across blocks too (256+
+    # values per thread) are not reproduced: torch's own ops run there.
     if -(-n // (width * height)) < 256:
-        return width * height
+        return width, height
     return None
 
 
@@ -72,25 +82,33 @@ def torch_cuda_mean_sq(xf: torch.Tensor, warp_tree: str = "halving") -> torch.Te
     The specification of ``_rms_fwd_torch_order_kernel``; the GPU tests check it against torch.
 
     Lane t keeps 4 accumulators over x[(j * lanes + t) * 4 + i], j in order, combined
-    ((a0 + a1) + a2) + a3; lanes above 32 fold through shared memory (t += t + half, halving); the
-    warp's shuffle-down tree is ``"halving"`` (offsets 16, 8, ..., 1: torch on CUDA since it
-    aligned its order with Triton's) or ``"doubling"`` (offsets 1, 2, ..., 16: older torch)."""
+    ((a0 + a1) + a2) + a3. With lanes t = x + y * width (``torch_cuda_mean_block``), the x lanes of
+    each warp row fold first: above 32 through shared memory (x += x + half, halving), then the
+    warp's shuffle-down tree, ``"halving"`` (offsets 16, 8, ..., 1: torch on CUDA since it aligned
+    its order with Triton's) or ``"doubling"`` (offsets 1, 2, ..., 16: older torch); then the warp
+    rows y, halving."""
     m, n = xf.shape
-    lanes = torch_cuda_mean_lanes(m, n)
-    if lanes is None:
+    block = torch_cuda_mean_block(m, n)
+    if block is None:
         raise ValueError(f"torch_cuda_mean_sq: no reproducible order for [{m}, {n}]")
+    width, height = block
+    lanes = width * height
     sq = xf * xf
     j = -(-n // (4 * lanes))
     sq = torch.nn.functional.pad(sq, (0, j * 4 * lanes - n)).view(m, j, lanes, 4)
     acc = torch.zeros(m, lanes, 4, dtype=torch.float32, device=xf.device)
     for k in range(j):
         acc = acc + sq[:, k]
-    t = ((acc[..., 0] + acc[..., 1]) + acc[..., 2]) + acc[..., 3]
-    while t.shape[1] > (1 if warp_tree == "halving" else 32):
+    t = (((acc[..., 0] + acc[..., 1]) + acc[..., 2]) + acc[..., 3]).view(m, height, width)
+    while t.shape[2] > (1 if warp_tree == "halving" else 32):
+        h = t.shape[2] // 2
+        t = t[..., :h] + t[..., h:]
+    while t.shape[2] > 1:
+        t = t[..., 0::2] + t[..., 1::2]
+    t = t[..., 0]
+    while t.shape[1] > 1:
         h = t.shape[1] // 2
         t = t[:, :h] + t[:, h:]
-    while t.shape[1] > 1:
-        t = t[:, 0::2] + t[:, 1::2]
     return t[:, 0] * torch_cuda_mean_factor(m, n)
 
 
