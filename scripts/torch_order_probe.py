@@ -10,16 +10,6 @@ import sys
 import torch
 
 
-def _block(m: int, n: int) -> tuple[int, int]:
-    """torch's ReduceConfig block (W lanes x Hy warps) for mean(-1) over [m, n] fp32, vectorized by 4."""
-    dim0 = n // 4
-    d0 = 1 << (dim0.bit_length() - 1) if dim0 < 512 else 512
-    d1 = 1 << (m.bit_length() - 1) if m < 512 else 512
-    w = min(d0, 32)
-    hy = min(d1, 512 // w)
-    return min(d0, 512 // hy), hy
-
-
 def _emulate(xf: torch.Tensor, w: int, hy: int, first: str, tree: str) -> torch.Tensor:
     """Sum of squares per row, lanes L = x + y * w each over vectors L, L + w*hy, ... (4
     accumulators, ((a0 + a1) + a2) + a3), then the y tree (halving) and the x tree (shared-memory
@@ -97,7 +87,7 @@ def main() -> int:
     cands = {f"{first}-first, warp {tree}": (first, tree) for first in ("y", "x") for tree in ("halving", "doubling")}
     hits = {c: 0 for c in cands}
     for m, n in split:
-        w_, hy = _block(m, n)
+        w_, hy = R.torch_cuda_reduce_block(m, n)
         x = (torch.randn(m, n, device="cuda", generator=g)
              * torch.exp2(torch.randint(-8, 8, (m, n), device="cuda", generator=g).float())).to(torch.bfloat16)
         xf = x.float()

@@ -48,12 +48,7 @@ def torch_cuda_mean_block(m: int, n: int) -> tuple[int, int] | None:
     vectorize (n <= 128, n % 4, n > 16384): the orders ``torch_order`` reproduces."""
     if n <= 128 or n % 4 or n > 16384 or m < 1:
         return None
-    dim0 = n // 4
-    d0 = 1 << (dim0.bit_length() - 1) if dim0 < 512 else 512
-    d1 = 1 << (m.bit_length() - 1) if m < 512 else 512
-    width = min(d0, 32)
-    height = min(d1, 512 // width)
-    width = min(d0, 512 // height)
+    width, height = torch_cuda_reduce_block(m, n)
     per_thread = -(-n // width)  # counted in elements, not vectors (measured: scripts/torch_order_probe.py)
     if per_thread < height * 16 and per_thread < 256:
         return width, 1  # each warp row sums one output: lanes = block width
@@ -68,6 +63,18 @@ def torch_cuda_mean_block(m: int, n: int) -> tuple[int, int] | None:
     if -(-n // (width * height)) < 256:
         return width, height
     return None
+
+
+def torch_cuda_reduce_block(m: int, n: int) -> tuple[int, int]:
+    """torch's ReduceConfig block (width lanes x height warp rows, 512 threads) for a reduction of
+    m contiguous rows of n fp32 values vectorized by 4 (``set_block_dimension``), before it decides
+    whether the warp rows split a row or each sum their own."""
+    dim0 = n // 4
+    d0 = 1 << (dim0.bit_length() - 1) if dim0 < 512 else 512
+    d1 = 1 << (m.bit_length() - 1) if m < 512 else 512
+    width = min(d0, 32)
+    height = min(d1, 512 // width)
+    return min(d0, 512 // height), height
 
 
 @functools.lru_cache(maxsize=4096)
