@@ -270,6 +270,104 @@ def test_no_keys_dense(device):
     assert torch.allclose(got.lse, sinks[None, :, None].expand(2, 2, 5))
 
 
+
+def _masked_lse(lse):
+    """The LSE with its -inf rows (no key, no sink) set to 0, so a loss can use it."""
+    return lse.masked_fill(torch.isneginf(lse), 0.0)
+
+
+# (id, lengths of the query sequences, of the key sequences (None: dense, one sequence), padding
+# rows after the last query sequence, options, why)
+LSE_GRAD_CASES = [
+    ("dense-gqa-sinks-softcap", [20], None, 0, dict(causal=True, sinks=True, softcap=3.0),
+     "d lse/d s = P: the gradient enters as delta - dlse in dK, dQ (both paths) and the sinks"),
+    ("dense-sq>sk", [21], [9], 0, dict(causal=True), "rows without keys (lse -inf) take no LSE gradient"),
+    ("dense-no-keys-sinks", [5], [0], 0, dict(sinks=True), "no key at all: lse = the sink, d lse/d sink = 1"),
+    ("varlen-padded-sinks", [7, 0, 18], [7, 4, 30], 3, dict(causal=True, sinks=True, window=(5, -1)),
+     "packed sequences with padding rows after them"),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ["triton-atomic-dq"])
+@pytest.mark.parametrize("case", LSE_GRAD_CASES, ids=lambda c: c[0])
+def test_gradient_through_the_returned_lse(backend, case, device):
+    """A loss that uses the returned LSE (ring / cascade attention merge partial results through it)
+    gets its gradient: it used to be dropped without a word (q, k, sinks got the out-only gradient)."""
+    atomic = backend == "triton-atomic-dq"
+    backend = "triton" if atomic else backend
+    _, lq, lk, pad, opts, _ = case
+    opts = dict(opts)
+    hq, hkv, d = 4, 2, 32
+    varlen = lk is not None and len(lq) > 1
+    lk = lk or lq
+    q = torch.randn(sum(lq) + pad, hq, d, device=device)
+    k = torch.randn(sum(lk), hkv, d, device=device)
+    v = torch.randn(sum(lk), hkv, d, device=device)
+    sinks = torch.randn(hq, device=device) if opts.pop("sinks", False) else None
+    ins = [t.clone().requires_grad_() for t in (q, k, v)] + ([sinks.clone().requires_grad_()] if sinks is not None
+                                                          else [])
+    ref_ins = [t.clone().requires_grad_() for t in ins]
+    s, rs = (ins[3], ref_ins[3]) if sinks is not None else (None, None)
+    with L.FLASH_TUNING.use(L.FlashTuning(dataclasses.replace(_launch(d, d, device), atomic_dq=atomic))):
+        if varlen:
+            cu_q = torch.tensor([0] + torch.tensor(lq).cumsum(0).tolist(), dtype=torch.int32, device=device)
+            cu_k = torch.tensor([0] + torch.tensor(lk).cumsum(0).tolist(), dtype=torch.int32, device=device)
+            out, lse = ks.flash_attention_varlen(*ins[:3], cu_q, cu_k, max(lq), max(lk), sinks=s, return_lse=True,
+                                                 backend=backend, **opts)
+            want_out, want_lse = R.attention_varlen(*ref_ins[:3], cu_q, cu_k, sinks=rs, **{"causal": False, **opts})
+            rows = sum(lq)  # padding rows are unspecified: no loss on them
+            out, want_out, lse, want_lse = out[:rows], want_out[:rows], lse[:, :rows], want_lse[:, :rows]
+        else:
+            out, lse = ks.flash_attention(*(t[None] for t in ins[:3]), sinks=s, return_lse=True, backend=backend,
+                                          **opts)
+            want_out, want_lse = _ref(*(t[None] for t in ref_ins[:3]), sinks=rs, **opts)
+        cot, cot_lse = torch.randn_like(want_out), torch.randn_like(want_lse)
+        got = _grads([out, _masked_lse(lse)], ins, [cot, cot_lse])
+    want = _grads([want_out, _masked_lse(want_lse)], ref_ins, [cot, cot_lse])
+    for name, a, e in zip(("dq", "dk", "dv", "dsinks"), got, want):
+        if name == "dq" and pad:
+            a, e = a[:-pad], e[:-pad]
+        _close(a, e, torch.float32, True, name)
+
+
+def test_varlen_padding_rows_do_not_reach_the_sinks_gradient(device):
+    """Rows past cu_seqlens_q[-1] (a packed batch padded to a fixed size) have unwritten out and lse
+    (NaN under KS_POISON_OUTPUTS, stale memory on a GPU): the sinks' gradient, a sum over rows,
+    used to take them in and came out NaN."""
+    q = torch.randn(8, 2, 16, device=device, requires_grad=True)
+    k = torch.randn(8, 2, 16, device=device, requires_grad=True)
+    sinks = torch.randn(2, device=device, requires_grad=True)
+    cu = torch.tensor([0, 5], dtype=torch.int32, device=device)
+    out = ks.flash_attention_varlen(q, k, k, cu, cu, 5, 5, causal=True, sinks=sinks, backend="triton")
+    cot = torch.randn(5, 2, 16, device=device)
+    (got,) = _grads(out[:5], [sinks], cot)
+    ref_s = sinks.detach().clone().requires_grad_()
+    want, _ = R.attention_varlen(q.detach(), k.detach(), k.detach(), cu, cu, causal=True, sinks=ref_s)
+    (want,) = _grads(want[:5], [ref_s], cot)
+    _close(got, want, torch.float32, True, "dsinks")
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_strided_sinks_are_honoured(varlen, device):
+    """sinks as a strided view (every other head's sink of a larger table): the kernels index the
+    sinks by head with unit stride and used to read the wrong heads' logits."""
+    table = torch.randn(8, device=device, requires_grad=True)
+    sinks = table[::2]
+    q, k, v = (torch.randn(1, 9, h, 16, device=device) for h in (4, 2, 2))
+    cot = torch.randn(1, 9, 4, 16, device=device)
+    if varlen:
+        cu = torch.tensor([0, 9], dtype=torch.int32, device=device)
+        out = ks.flash_attention_varlen(q[0], k[0], v[0], cu, cu, 9, 9, causal=True, sinks=sinks, backend="triton")[None]
+    else:
+        out = ks.flash_attention(q, k, v, causal=True, sinks=sinks, backend="triton")
+    (got,) = _grads(out, [table], cot)
+    ref_table = table.detach().clone().requires_grad_()
+    want_out, _ = _ref(q, k, v, causal=True, sinks=ref_table[::2])
+    (want,) = _grads(want_out, [ref_table], cot)
+    _close(out, want_out, torch.float32, False, "out")
+    _close(got, want, torch.float32, True, "dsinks")
+
+
 def _base():
     return dict(q=torch.randn(2, 8, 4, 16), k=torch.randn(2, 8, 2, 16), v=torch.randn(2, 8, 2, 16))
 
@@ -337,6 +435,24 @@ def test_compile_fullgraph_with_backward(device):
 
     eager = torch.autograd.grad(f(q, k, v, sinks), (q, k, v, sinks))
     comp = torch.autograd.grad(torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v, sinks), (q, k, v, sinks))
+    for a, b in zip(eager, comp):
+        assert rel_err(b, a) < 1e-6
+
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_compile_with_a_named_backend(backend, device):
+    """torch.compile of a call naming its backend: the request used to be parsed through the enums'
+    raise-and-catch lookup, which Dynamo cannot trace (InternalTorchDynamoError, with or without
+    fullgraph)."""
+    q = torch.randn(1, 12, 4, 32, device=device, requires_grad=True)
+    k = torch.randn(1, 12, 2, 32, device=device, requires_grad=True)
+
+    def f(q, k):
+        return ks.flash_attention(q, k, k, causal=True, backend=backend).square().sum()
+
+    eager = torch.autograd.grad(f(q, k), (q, k))
+    comp = torch.autograd.grad(torch.compile(f, fullgraph=True, backend="aot_eager")(q, k), (q, k))
     for a, b in zip(eager, comp):
         assert rel_err(b, a) < 1e-6
 

@@ -288,24 +288,27 @@ def _options(op: str, q, scale, softcap, window, sinks):
         checks.tensor(op, "sinks", sinks)
         checks.shape(op, "sinks", sinks, (q.shape[-2],), "one logit per query head")
         checks.same_device(op, "sinks", sinks, "q", q)
-    return float(scale), float(softcap), left, right
+        # the kernels index sinks by head with unit stride; a strided view (sinks_all[::2]) read
+        # the wrong heads' logits (.contiguous() is differentiable: its gradient reaches the view)
+        sinks = sinks.contiguous()
+    return float(scale), float(softcap), left, right, sinks
 
 
 def _request(op: str, backend: Backend | str) -> str:
-    """'auto', or the named backend's value (a core Backend or one of AttnBackend's SDPA names)."""
-    if isinstance(backend, str) and not isinstance(backend, Backend) and backend.strip().lower() == AUTO:
-        return AUTO
+    """'auto', or the named backend's value (a core Backend or one of AttnBackend's SDPA names).
+    Membership tests, not the enums' parse: torch.compile traces this, and Dynamo cannot trace the
+    ValueError an Enum lookup raises and catches (every named backend failed to compile)."""
     if isinstance(backend, (Backend, AttnBackend)):
         return str(backend)
-    try:
-        return str(AttnBackend.parse(backend))
-    except ValueError:
-        pass
-    try:
-        return str(Backend.parse(backend))
-    except ValueError:
-        valid = ", ".join([AUTO] + [b.value for b in Backend] + [b.value for b in AttnBackend])
-        raise ValueError(f"{op}: argument 'backend' must be one of {valid}, got {backend!r}") from None
+    if isinstance(backend, str):
+        name = backend.strip().lower()
+        if name == AUTO or name in _REQUEST_NAMES:
+            return name
+    valid = ", ".join([AUTO] + [b.value for b in Backend] + [b.value for b in AttnBackend])
+    raise ValueError(f"{op}: argument 'backend' must be one of {valid}, got {backend!r}")
+
+
+_REQUEST_NAMES = frozenset([b.value for b in Backend] + [b.value for b in AttnBackend])
 
 
 _family_cache: dict[tuple, Impl] = {}
@@ -414,8 +417,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     right)``: keys p - left <= j <= p + right (-1 unbounded); ``softcap``: s = softcap tanh(s /
     softcap); ``sinks [Hq]``: a logit per head in the denominator (gpt-oss). A row with no
     visible key gets out 0 and lse -inf (the sink's logit with sinks). Differentiable in q, k, v
-    and sinks. Returns out ``[B, Sq, Hq, Dv]``, or with ``return_lse`` (out, lse ``[B, Hq, Sq]``
-    fp32, natural log; FlashAttention's layout).
+    and sinks, through out and the returned lse. Returns out ``[B, Sq, Hq, Dv]``, or with
+    ``return_lse`` (out, lse ``[B, Hq, Sq]`` fp32, natural log; FlashAttention's layout).
     ``layout="bhsd"``: q, k, v and out are ``[B, H, S, D]`` instead (SDPA's and transformers' layout;
     out is then a view of ``[B, Sq, Hq, Dv]`` memory where the kernel writes that). A training call
     that SDPA runs then takes the tensors as they are: no transpose enters the autograd graph.
@@ -430,7 +433,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     _check_qkv(op, q, k, v, 4, "[B, S, H, D]" if heads is None else "[B, H, S, D]")
     if k.shape[0] != q.shape[0]:
         raise ArgumentError(op, "k", f"of q's batch size {q.shape[0]}", f"shape {tuple(k.shape)}")
-    scale, softcap, left, right = _options(op, q, scale, softcap, window, sinks)
+    scale, softcap, left, right, sinks = _options(op, q, scale, softcap, window, sinks)
     return _run(op, q, k, v, None, None, q.shape[1], k.shape[1], bool(causal), scale, left, right, softcap, sinks,
                 return_lse, _request(op, backend), heads)
 
@@ -479,13 +482,14 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     checks the offsets against T, Tk and the max lengths: offsets past the tensors would read out of
     bounds. Query rows past cu_seqlens_q[-1] (padding of a packed batch) belong to no sequence:
     the kernels leave their out, lse and gradient rows unspecified, as FlashAttention's varlen
-    does (the reference writes zeros). Returns out ``[T, Hq, Dv]``, or (out, lse ``[Hq, T]`` fp32)
+    does (the reference writes zeros); so are the dk, dv rows of keys past cu_seqlens_k[-1]. They
+    never reach the sinks' gradient. Returns out ``[T, Hq, Dv]``, or (out, lse ``[Hq, T]`` fp32)
     with ``return_lse``.
     """
     op = "flash_attention_varlen"
     _check_qkv(op, q, k, v, 3, "[T, H, D]")
     _check_cu(op, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k, check_bounds)
-    scale, softcap, left, right = _options(op, q, scale, softcap, window, sinks)
+    scale, softcap, left, right, sinks = _options(op, q, scale, softcap, window, sinks)
     return _run(op, q, k, v, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max_seqlen_q, max_seqlen_k,
                 bool(causal), scale, left, right, softcap, sinks, return_lse, _request(op, backend))
 
@@ -516,11 +520,14 @@ def _(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, left, right, softcap, si
 def _flash_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                lse: torch.Tensor, cu_q: Optional[torch.Tensor], cu_k: Optional[torch.Tensor], max_q: int, max_k: int,
                causal: bool, scale: float, left: int, right: int, softcap: float, sinks: Optional[torch.Tensor],
-               op: str, backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+               op: str, backend: str, dlse: Optional[torch.Tensor] = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``dlse``: the gradient reaching the returned LSE (return_lse=True and the LSE used, as ring /
+    cascade attention merges do), or None."""
     impl = _select(op, backend, (q, k, v, cu_q, cu_k), _kw(causal, left, right, softcap, sinks, True, max_q, max_k),
                    backward=True)
     dq, dk, dv, ds = impl.backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, (left, right),
-                                   softcap, sinks)
+                                   softcap, sinks, dlse)
     return dq, dk, dv, (ds.to(sinks.dtype) if ds is not None else q.new_empty(0))
 
 
@@ -528,7 +535,8 @@ _flash_bwd_op = torch.library.custom_op("kernelset::flash_attention_backward", m
 
 
 @_flash_bwd_op.register_fake
-def _(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, left, right, softcap, sinks, op, backend):
+def _(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, left, right, softcap, sinks, op, backend,
+      dlse=None):
     ds = sinks.new_empty(sinks.shape) if sinks is not None else q.new_empty(0)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), ds
 
@@ -543,10 +551,11 @@ def _flash_setup(ctx, inputs, output):
 def _flash_backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_q, cu_k, sinks = ctx.saved_tensors
     bwd = _flash_bwd if getattr(ctx, "eager", False) else torch.ops.kernelset.flash_attention_backward
-    dq, dk, dv, ds = bwd(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts, sinks, *ctx.tail)
+    # dlse: None where the LSE reached no loss (the eager path builds no zeros for it, see _FLASH)
+    dq, dk, dv, ds = bwd(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts, sinks, *ctx.tail, dlse)
     return (dq, dk, dv, None, None, None, None, None, None, None, None, None,
             ds if sinks is not None else None, None, None, None)
 
 
 _flash_op.register_autograd(_flash_backward, setup_context=_flash_setup)
-_FLASH = AutogradSpec(_flash_fwd, _flash_setup, _flash_backward)
+_FLASH = AutogradSpec(_flash_fwd, _flash_setup, _flash_backward, needed=(0,))

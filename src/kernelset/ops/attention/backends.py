@@ -494,13 +494,32 @@ def _r_flash_fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softc
     return out.to(q.dtype), lse.float().contiguous()
 
 
-def _r_flash_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, sinks):
-    """Gradients of the fp32 reference (recomputed with torch autograd)."""
-    with torch.enable_grad():
+def _autograd_dispatch():
+    """Autograd's dispatch keys back on for the calls inside (the TLS sets restored on exit). A
+    custom op's implementation runs with them excluded, so under torch.compile (where the backward
+    is the kernelset::flash_attention_backward op) enable_grad alone recorded no graph: the
+    reference backward raised "does not require grad". Autocast stays excluded: fp32 math."""
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    dk = torch._C.DispatchKey
+    for key in (dk.AutogradFunctionality, dk.AutogradOther, dk.AutogradNestedTensor, dk.ADInplaceOrView):
+        exclude = exclude.remove(key)
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
+
+
+def _r_flash_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, sinks,
+                 dlse=None):
+    """Gradients of the fp32 reference (recomputed with torch autograd); ``dlse``: the gradient
+    reaching the returned LSE, or None."""
+    with _autograd_dispatch(), torch.enable_grad():
         ins = [t.detach().float().requires_grad_() for t in (q, k, v)]
         s = sinks.detach().float().requires_grad_() if sinks is not None else None
-        o, _ = _ref_args(*ins, cu_q, cu_k, causal, scale, window, softcap, s)
-        grads = torch.autograd.grad(o, ins + ([s] if s is not None else []), dout.float())
+        o, l = _ref_args(*ins, cu_q, cu_k, causal, scale, window, softcap, s)
+        wrt = ins + ([s] if s is not None else [])
+        pairs = [(o, dout.float())] + ([(l, dlse.float())] if dlse is not None else [])
+        pairs = [(x, g) for x, g in pairs if x.requires_grad]  # varlen: no sequence with a query row
+        grads = torch.autograd.grad([x for x, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True) \
+            if pairs else [None] * len(wrt)
+        grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, wrt)]
     dq, dk, dv = (g.to(t.dtype) for g, t in zip(grads[:3], (q, k, v)))
     return dq, dk, dv, (grads[3] if s is not None else None)
 

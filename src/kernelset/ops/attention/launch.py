@@ -319,10 +319,27 @@ def flash_attention_fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window
     return out, lse
 
 
-def flash_attention_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, sinks):
+def _dsinks(sinks, lse, delta, varlen, cu_q, hq):
+    """d sink_h = -sum_rows e^(sink_h - lse) * delta (the sink's probability times delta, which is
+    rowsum(dO * O) - dLSE); fp32 [Hq]. ``delta`` in lse's layout."""
+    lse_rows = lse if varlen else lse.transpose(0, 1).reshape(hq, -1)
+    delta_rows = delta if varlen else delta.transpose(0, 1).reshape(hq, -1)
+    terms = torch.exp(sinks.float()[:, None] - lse_rows) * delta_rows
+    if varlen:
+        # rows past cu_seqlens_q[-1] (padding) belong to no sequence: their lse and delta come from
+        # unwritten out/lse rows and must not reach the shared sinks' gradient (compared on the
+        # device: no host sync)
+        terms = torch.where(torch.arange(terms.shape[1], device=terms.device) < cu_q[-1], terms, 0.0)
+    return -terms.sum(1)
+
+
+def flash_attention_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, sinks,
+                        dlse=None):
     """(dq like q, dk like k, dv like v, dsinks [Hq] fp32 or None); fp32 accumulation. dQ by fp32
     atomics from the dK/dV kernel (the order of its additions varies between runs) where the policy
-    asks for it, else (and under torch.use_deterministic_algorithms) by its own kernel."""
+    asks for it, else (and under torch.use_deterministic_algorithms) by its own kernel. ``dlse``
+    (lse's shape, or None): the gradient reaching the returned LSE; since d lse_i / d s_ij = P_ij it
+    enters as delta = rowsum(dO * O) - dlse (dS = P (dP - delta))."""
     varlen, b, sq, sk = _geometry(q, k, cu_q, max_q, max_k)
     hq, d = q.shape[-2:]
     hkv, dvh = v.shape[-2:]
@@ -333,6 +350,9 @@ def flash_attention_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causa
     if q.numel() == 0 or k.numel() == 0 or b == 0 or sq == 0 or sk == 0:
         dq.zero_(), dk.zero_(), dv.zero_()
         dsinks = None if sinks is None else torch.zeros_like(sinks, dtype=torch.float32)
+        if sinks is not None and dlse is not None and lse.numel():
+            # no key at all: out = 0 (delta = 0) and lse = the sink, so only dlse reaches it
+            dsinks = _dsinks(sinks, lse, -dlse.float(), varlen, cu_q, hq)
         return dq, dk, dv, dsinks
     if dout.stride(-1) != 1 and dvh > 1:
         dout = dout.contiguous()
@@ -351,6 +371,8 @@ def flash_attention_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causa
     block_r = max(1, min(64, 4096 // bdv))
     _flash_pre((-(-rows // block_r),), o2, do2, delta, rows, hq, sq, o2.stride(0), o2.stride(1), do2.stride(0),
                do2.stride(1), lse_b, lse_h, DV=dvh, BLOCK_R=block_r, BLOCK_DV=bdv, VARLEN=varlen, num_warps=4)
+    if dlse is not None:
+        delta.sub_(dlse)
     common = dict(D=d, DVH=dvh, BLOCK_D=bd, BLOCK_DV=bdv, VARLEN=varlen, MASK_RIGHT=mask_right, MASK_LEFT=mask_left,
                   SOFTCAP=softcap > 0, F32=f32)
     g = hq // hkv
@@ -373,10 +395,5 @@ def flash_attention_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causa
                   right, sq, sk, *_strides3(q, varlen), *_strides3(k, varlen), *_strides3(v, varlen),
                   *_strides3(dout, varlen), *_strides3(dq, varlen), lse_b, lse_h, hq, G=g, BLOCK_M=p.dq_m,
                   BLOCK_N=p.dq_n, num_warps=p.dq_warps, num_stages=p.dq_stages, **common)
-    dsinks = None
-    if sinks is not None:
-        # d sink_h = -sum_rows e^(sink_h - lse) * delta (the sink's probability times rowsum(dO * O))
-        lse_rows = lse if varlen else lse.transpose(0, 1).reshape(hq, -1)
-        delta_rows = delta if varlen else delta.transpose(0, 1).reshape(hq, -1)
-        dsinks = -(torch.exp(sinks.float()[:, None] - lse_rows) * delta_rows).sum(1)
+    dsinks = None if sinks is None else _dsinks(sinks, lse, delta, varlen, cu_q, hq)
     return dq, dk, dv, dsinks
