@@ -150,11 +150,30 @@ def test_qwen2_vl_config_json_form():
     assert torch.equal(table.cos_sin_cache, plain.cos_sin_cache)
 
 
-def test_empty_batch(device):
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("with_k", [False, True], ids=["q-only", "with-k"])
+def test_empty_batch(backend, with_k, device):
+    """T = 0: with a k the checks indexed k[0] (IndexError); the reference's view(0, -1, D) raised."""
     cache = _cache(8, 32, device=device)
     q = torch.randn(0, 2, 32, device=device)
-    out = ks.mrope(torch.zeros(3, 0, dtype=torch.long, device=device), q, None, cache, (4, 6, 6), backend="triton")
-    assert out.q.shape == (0, 2, 32)
+    k = torch.randn(0, 1, 32, device=device) if with_k else None
+    out = ks.mrope(torch.zeros(3, 0, dtype=torch.long, device=device), q, k, cache, (4, 6, 6), backend=backend)
+    assert out.q.shape == (0, 2, 32) and (out.k is None or out.k.shape == (0, 1, 32))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_in_place_bumps_autograd_version(backend, device):
+    """q and k saved by a graph (for w's gradient), then rotated in place: backward must raise as
+    after a torch in-place op; the Triton path bumped no version counter (silently wrong w.grad)."""
+    cache = _cache(8, 32, device=device)
+    q, k = torch.randn(3, 2, 32, device=device), torch.randn(3, 1, 32, device=device)
+    w = torch.randn(32, 2, device=device, requires_grad=True)
+    out = (q @ w).sum() + (k @ w).sum()
+    vq, vk = q._version, k._version
+    ks.mrope(torch.randint(0, 8, (3, 3), device=device), q, k, cache, (4, 6, 6), backend=backend)
+    assert q._version > vq and k._version > vk
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.backward()
 
 
 @pytest.mark.parametrize("kwargs,match", [

@@ -173,6 +173,22 @@ def test_fused_add_rms_norm_in_place(backend, case, device):
         assert not x._base[..., shape[-1]:].isnan().any()
 
 
+@pytest.mark.parametrize("backend", _backends("fused_add_rms_norm"))
+@pytest.mark.parametrize("which", ["x", "residual"])
+def test_fused_add_rms_norm_in_place_bumps_autograd_version(backend, which, device):
+    # a graph saved x (or residual) before the in-place call overwrote it: torch's in-place ops
+    # bump the version counter so the backward raises; a kernel writing through pointers must too,
+    # or the backward silently uses the new values (the Triton path did before the fix)
+    x = torch.randn(4, 64, device=device)
+    r = torch.randn(4, 64, device=device)
+    w = torch.randn(64, device=device)
+    lin = torch.randn(64, 8, device=device, requires_grad=True)
+    out = (x if which == "x" else r) @ lin
+    ks.fused_add_rms_norm(x, r, w, in_place=True, backend=backend)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
 @pytest.mark.parametrize("backend", _backends("layer_norm"))
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])

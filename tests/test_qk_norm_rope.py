@@ -152,12 +152,32 @@ def test_mrope_positions(backend, device):
     assert rel_err(q, n) < 2e-6
 
 
-def test_empty_and_no_k(device):
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("with_k", [False, True], ids=["no-k", "with-k"])
+def test_empty_and_no_k(backend, with_k, device):
+    """T = 0: with a k the checks indexed k[0] (IndexError); the reference's view(0, -1, D) raised."""
     cache = _cache(8, 32, device=device)
     w = torch.randn(32, device=device)
-    out = ks.qk_norm_rope(torch.randn(0, 2, 32, device=device), None, w, None, cache,
-                          torch.zeros(0, dtype=torch.long, device=device), backend="triton")
-    assert out.q.shape == (0, 2, 32) and out.k is None
+    k = torch.randn(0, 1, 32, device=device) if with_k else None
+    out = ks.qk_norm_rope(torch.randn(0, 2, 32, device=device), k, w, w if with_k else None, cache,
+                          torch.zeros(0, dtype=torch.long, device=device), backend=backend)
+    assert out.q.shape == (0, 2, 32) and (out.k is None if not with_k else out.k.shape == (0, 1, 32))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_in_place_bumps_autograd_version(backend, device):
+    """q and k saved by a graph (for w's gradient), then normalized and rotated in place: backward must
+    raise as after a torch in-place op; the Triton path bumped no version counter (silently wrong w.grad)."""
+    cache = _cache(8, 32, device=device)
+    q, k = torch.randn(3, 2, 32, device=device), torch.randn(3, 1, 32, device=device)
+    w = torch.randn(32, 2, device=device, requires_grad=True)
+    out = (q @ w).sum() + (k @ w).sum()
+    vq, vk = q._version, k._version
+    nw = torch.ones(32, device=device)
+    ks.qk_norm_rope(q, k, nw, nw, cache, torch.tensor([0, 3, 7], device=device), backend=backend)
+    assert q._version > vq and k._version > vk
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.backward()
 
 
 @pytest.mark.parametrize("kwargs,match", [

@@ -109,6 +109,20 @@ def test_bad_input_names_the_argument(change, name):
         ks.qkv_rope(*kw.values(), head_dim=hd, **extra)
 
 
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+def test_empty_sequence_forward_and_gradients(backend, device):
+    """S = 0 (an empty micro-batch): the backward's reshape(B * S, -1) of the rotated gradients was
+    ambiguous for 0 elements and raised in every backend; the weights' gradients are zeros."""
+    x, ws, bs = _case(2, 0, 32, 2, 1, 16, torch.float32, device, True)
+    cos, sin = _tables(2, 0, 16, device, torch.float32)
+    out = ks.qkv_rope(x, *ws, cos, sin, head_dim=16, b_q=bs[0], b_k=bs[1], b_v=bs[2], backend=backend)
+    assert [tuple(t.shape) for t in out] == [(2, 2, 0, 16), (2, 1, 0, 16), (2, 1, 0, 16)]
+    sum(t.sum() for t in out).backward()
+    assert x.grad.shape == x.shape
+    for t in (*ws, *bs):
+        assert t.grad is not None and t.grad.shape == t.shape and not t.grad.any()
+
+
 def test_compile_fullgraph_with_backward():
     x, ws, bs = _case(2, 5, 32, 2, 1, 16, torch.float32, "cpu", True)
     cos, sin = _tables(2, 5, 16, "cpu", torch.float32)

@@ -141,9 +141,14 @@ def test_position_out_of_range_leaves_token_unrotated(backend, bad, device):
     (dict(q=torch.randn(2, 4, 32, requires_grad=True) * 1.0), "in place and forward-only"),
     (dict(k=torch.randn(2, 1, 32, requires_grad=True)), "'k' .*in place and forward-only"),
     (dict(cos_sin_cache=_cache(8, 32).requires_grad_()), "'cos_sin_cache' .*in place and forward-only"),
+    # k of 4 dims, permuted: the kernel rotated its memory order (not k's element order) and the
+    # reference crashed in view; k takes q's two forms only
+    (dict(k=torch.randn(2, 2, 2, 16).permute(0, 2, 3, 1)), "'k' must be \\[T=2, Hk, 32\\]"),
+    # a 3-D k states its head size: one other than q's was read as heads of q's size
+    (dict(k=torch.randn(2, 1, 64)), "'k' must be \\[T=2, Hk, 32\\]"),
 ], ids=["2d-q-no-head-size", "rotary-dim-mismatch", "odd-cache", "float-positions", "positions-length", "k-dtype",
         "empty-cache", "expanded-q", "expanded-k", "k-is-q", "q-leaf-grad", "q-non-leaf-grad", "k-grad",
-        "cache-grad"])
+        "cache-grad", "4d-k", "3d-k-other-head-size"])
 def test_bad_input(kwargs, match):
     args = dict(positions=torch.tensor([0, 1]), q=torch.randn(2, 4, 32), k=None, cos_sin_cache=_cache(8, 32))
     args.update(kwargs)
@@ -163,6 +168,42 @@ def test_no_grad_mode_allows_tensors_that_require_grad(device):
     with torch.no_grad():
         ks.rotary_embedding(torch.tensor([1, 5], device=device), q, None, cache)
     assert rel_err(q.detach(), want) < 1e-5
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("flat", [False, True], ids=["3d", "2d"])
+def test_empty_batch_with_k(backend, flat, device):
+    """T = 0 with a k: the checks indexed k[0] (IndexError) and the reference's view(0, -1, D) raised."""
+    cache = _cache(8, 32, device=device)
+    q, k = torch.randn(0, 4, 32, device=device), torch.randn(0, 2, 32, device=device)
+    args = (q.view(0, 4 * 32), k.view(0, 2 * 32)) if flat else (q, k)
+    out = ks.rotary_embedding(torch.zeros(0, dtype=torch.long, device=device), *args, cache, head_size=32,
+                              backend=backend)
+    assert out.q.shape == args[0].shape and out.k.shape == args[1].shape
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_in_place_bumps_autograd_version(backend, device):
+    """q saved by an autograd graph (here for w's gradient) and then rotated in place: backward must
+    raise as after any torch in-place op. The Triton path wrote through data pointers without
+    bumping q's version counter, and w.grad came out of the rotated q without a word."""
+    cache = _cache(8, 32, device=device)
+    pos = torch.tensor([1, 5], device=device)
+    q, k = torch.randn(2, 4, 32, device=device), torch.randn(2, 1, 32, device=device)
+    w = torch.randn(32, 3, device=device, requires_grad=True)
+    out = (q @ w).sum() + (k @ w).sum()
+    vq, vk = q._version, k._version
+    ks.rotary_embedding(pos, q, k, cache, backend=backend)
+    assert q._version > vq and k._version > vk
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.backward()
+    # and q requiring grad, rotated under no_grad (allowed), then back-propagated through
+    x = torch.randn(2, 4, 32, device=device, requires_grad=True)
+    q = x.exp()
+    with torch.no_grad():
+        ks.rotary_embedding(pos, q, None, cache, backend=backend)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        q.sum().backward()
 
 
 def test_compile_fullgraph_in_place(device):
@@ -251,6 +292,19 @@ def test_apply_rotary_int64_offsets_same_bits(monkeypatch, device):
     monkeypatch.setattr(launch, "_INT32_SPAN", 0)
     got = ks.apply_rotary(q, k, cos, sin, backend="triton")
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("backend", [str(i.backend) for i in impls("apply_rotary")])
+@pytest.mark.parametrize("shape", [(0, 2, 3, 32), (1, 2, 0, 32)], ids=["batch-0", "seq-0"])
+def test_apply_rotary_empty_with_backward(backend, shape, device):
+    """An empty batch through forward and backward: sum()'s gradient is an expanded zero-stride
+    tensor that .contiguous() leaves as it is, and the Triton backward refused it as 'strided'."""
+    q = torch.randn(shape, device=device, requires_grad=True)
+    k = torch.randn(shape, device=device, requires_grad=True)
+    cos, sin = _hf_tables(1, shape[2], 32, False, False, device)
+    out = ks.apply_rotary(q, k, cos, sin, backend=backend)
+    (out.q.sum() + out.k.sum()).backward()
+    assert q.grad.shape == shape and k.grad.shape == shape
 
 
 def test_apply_rotary_tiles_fit_each_tensor():

@@ -13,6 +13,20 @@ import dataclasses
 from typing import Any, Callable
 
 import torch
+from torch.autograd.graph import increment_version
+
+
+def mark_written(*ts: torch.Tensor | None) -> None:
+    """Bump the autograd version counter of each tensor an eager call wrote in place, as every
+    torch in-place op does. A kernel writing through data pointers does not, and a graph that
+    saved one of them (``out = x @ w`` with w requiring grad, then x written under no_grad or as
+    an input that needs no grad) would back-propagate through the new values without a word
+    instead of raising torch's "modified by an inplace operation". Custom ops declared with
+    ``mutates_args`` (the torch.compile path) bump their own. Inference tensors have no counter
+    (older torch raises when asked to bump one outside inference mode), so they are skipped."""
+    for t in ts:  # one at a time: older torch's increment_version takes a single tensor
+        if t is not None and not t.is_inference():
+            increment_version(t)
 
 
 def needs_grad(*ts: torch.Tensor | None) -> bool:

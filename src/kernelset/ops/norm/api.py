@@ -17,7 +17,7 @@ import torch
 
 from ...core import checks, config, dispatch
 from ...core.alloc import empty_like
-from ...core.autograd import AutogradSpec, apply, needs_grad
+from ...core.autograd import AutogradSpec, apply, mark_written, needs_grad
 from ...core.enums import AUTO, Backend, KsEnum
 from ...core.errors import ArgumentError
 from . import backends  # noqa: F401  (declares the ops and registers their implementations)
@@ -256,6 +256,7 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
         else:
             dispatch.select(op, backend, (x, residual, weight), {}).forward(
                 x, residual, weight, eps, offset, gemma, False, True)
+            mark_written(x, residual)
         return AddNormOutput(x, residual)
     if torch.compiler.is_compiling():
         y, h, _ = torch.ops.kernelset.fused_add_rms_norm(x, residual, weight, eps, offset, gemma, str(backend))

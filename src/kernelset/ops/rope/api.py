@@ -2,12 +2,13 @@
 layout, in place, forward only) and apply_rotary (transformers' layout, differentiable)."""
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple, Optional, Sequence
 
 import torch
 
 from ...core import checks, config, dispatch
-from ...core.autograd import AutogradSpec, apply, needs_grad
+from ...core.autograd import AutogradSpec, apply, mark_written, needs_grad
 from ...core.enums import AUTO, Backend, KsEnum
 from ...core.errors import ArgumentError
 from . import backends  # noqa: F401  (declares the ops and registers their implementations)
@@ -37,6 +38,7 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor |
         if key is not None:
             replay = _ROT_EAGER.get(key)
             if replay is not None and replay(positions, q, k, cos_sin_cache):
+                mark_written(q, k)
                 return RotaryOutput(q, k)
     op = "rotary_embedding"
     checks.tensor(op, "positions", positions, dtypes=(torch.int64, torch.int32))
@@ -51,6 +53,7 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor |
         return RotaryOutput(q, k)
     impl = dispatch.select(op, backend, (positions, q, k, cos_sin_cache, hs), {})
     impl.forward(positions, q, k, cos_sin_cache, interleaved, hs)
+    mark_written(q, k)
     if key is not None and impl.backend is Backend.TRITON and key not in _ROT_EAGER:
         from .launch import rope_fwd_replay
         replay = rope_fwd_replay(positions, q, k, cos_sin_cache, interleaved, hs)
@@ -124,7 +127,10 @@ def _check_serving(op: str, q: torch.Tensor, k: torch.Tensor | None, cos_sin_cac
         # both rotate in place: shared elements would turn twice (a slice of one fused qkv buffer
         # is fine: its q and k interleave without meeting)
         checks.disjoint(op, "k", k, "q", q, "both are rotated in place")
-        if k.shape[0] != q.shape[0] or k[0].numel() % hs:
+        # (2-D or 3-D only, as q: the kernels read a token's heads in memory order, which is not a
+        # permuted 4-D k's element order; per-token sizes from the shape: k[0] fails on an empty batch)
+        if (k.dim() not in (2, 3) or k.shape[0] != q.shape[0] or (k.dim() == 3 and k.shape[2] != hs)
+                or math.prod(k.shape[1:]) % hs):
             raise ArgumentError(op, "k", f"[T={q.shape[0]}, Hk, {hs}] or [T, Hk * {hs}]", f"shape {tuple(k.shape)}")
     return hs
 
@@ -317,6 +323,7 @@ def mrope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor | None, cos_
         torch.ops.kernelset.mrope_(*args, str(backend))
     else:
         dispatch.select(op, backend, (positions, q, k, cos_sin_cache, hs), {}).forward(*args)
+        mark_written(q, k)
     return RotaryOutput(q, k)
 
 
@@ -381,6 +388,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor | None, q_weight: torch.Tensor
         torch.ops.kernelset.qk_norm_rope_(*args, str(backend))
     else:
         dispatch.select(op, backend, (q, k, weights[0], weights[1], cos_sin_cache, positions, hs), {}).forward(*args)
+        mark_written(q, k)
     return RotaryOutput(q, k)
 
 

@@ -68,7 +68,9 @@ register_impl(Impl(op="rotary_embedding", backend=Backend.REFERENCE, forward=ref
 
 
 def _unit(*ts) -> bool:
-    return all(t is None or t.stride(-1) == 1 or t.shape[-1] <= 1 for t in ts)
+    # (an empty tensor reads nothing: autograd's expanded zero-stride gradient of an empty batch,
+    # which .contiguous() keeps as it is, must not turn the Triton backward away)
+    return all(t is None or t.stride(-1) == 1 or t.shape[-1] <= 1 or t.numel() == 0 for t in ts)
 
 
 def _apply_key(q, k, cos, sin):

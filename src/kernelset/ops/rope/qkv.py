@@ -117,7 +117,8 @@ def ref_bwd(dq, dk, dv, x, w, cos, sin, heads, needs):
     d = heads[2]
     gq = ref.apply(dq.float(), cos, sin, False, d, 2, -1.0)
     gk = ref.apply(dk.float(), cos, sin, False, d, 2, -1.0)
-    g = torch.cat((gq.reshape(b * s, -1), gk.reshape(b * s, -1), dv.float().reshape(b * s, -1)), 1)
+    hq, hk, _ = heads  # (explicit widths: reshape's -1 is ambiguous for an empty batch)
+    g = torch.cat((gq.reshape(b * s, hq * d), gk.reshape(b * s, hk * d), dv.float().reshape(b * s, hk * d)), 1)
     xf = x.float().reshape(b * s, hd)
     dx = (g @ w.float()).view(b, s, hd).to(x.dtype) if needs[0] else None
     dw = (g.t() @ xf).to(w.dtype) if needs[1] else None
@@ -146,7 +147,8 @@ def t_bwd(dq, dk, dv, x, w, cos, sin, heads, needs):
     # (the kernel takes any [B, S, H, D] row strides with a unit-stride last dim; autograd may hand
     # in anything, e.g. an expanded ones for a sum: copies only then)
     gq, gk = rope_apply(dq.contiguous(), dk.contiguous(), cos, sin, False, heads[2], 2, -1.0)
-    g = torch.cat((gq.reshape(m, -1), gk.reshape(m, -1), dv.reshape(m, -1)), 1)
+    hq, hk, d = heads  # (explicit widths: reshape's -1 is ambiguous for an empty batch)
+    g = torch.cat((gq.reshape(m, hq * d), gk.reshape(m, hk * d), dv.reshape(m, hk * d)), 1)
     dx = torch.mm(g, w).view(b, s, hd) if needs[0] else None
     dw = torch.mm(g.t(), x.reshape(m, hd)) if needs[1] else None
     db = g.sum(0, dtype=torch.float32).to(w.dtype) if needs[2] else None

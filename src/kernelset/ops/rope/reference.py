@@ -27,7 +27,7 @@ def fwd(positions, q, k, cache, interleaved, head_size):
     r = cache.shape[1]
     cos, sin = _cos_sin(positions, cache, None, False)  # a position outside [0, max_pos): unrotated
     for x in (q, k):
-        if x is None:
+        if x is None or x.numel() == 0:  # (an empty batch: view's -1 would be ambiguous)
             continue
         xv = x.view(x.shape[0], -1, head_size)
         xv[..., :r] = rotate(xv[..., :r], cos, sin, interleaved).to(x.dtype)
@@ -67,7 +67,7 @@ def mrope_fwd(positions, q, k, cache, sections, mrope_interleaved, interleaved, 
     r = cache.shape[1]
     cos, sin = _cos_sin(positions, cache, sections, mrope_interleaved)
     for x in (q, k):
-        if x is None:
+        if x is None or x.numel() == 0:  # (an empty batch: view's -1 would be ambiguous)
             continue
         xv = x.view(x.shape[0], -1, head_size)
         xv[..., :r] = rotate(xv[..., :r], cos, sin, interleaved).to(x.dtype)
@@ -99,7 +99,7 @@ def qk_norm_rope_fwd(q, k, q_weight, k_weight, cache, positions, eps, offset, ca
     r = cache.shape[1]
     cos, sin = _cos_sin(positions, cache, sections, mrope_interleaved)
     for x, w in ((q, q_weight), (k, k_weight)):
-        if x is None:
+        if x is None or x.numel() == 0:
             continue
         dt = x.dtype
         xv = x.view(x.shape[0], -1, head_size)
