@@ -70,25 +70,48 @@ def test_out_of_range_ids(backend, device):
             ks.embedding(torch.tensor(bad, device=device), w, backend=backend)
 
 
-def test_unchecked_out_of_range_id_is_never_read(device):
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout", ["every-other", "expanded", "column"])
+def test_strided_ids(backend, layout, device):
+    # 1-D ids that are a view: reshape(-1) keeps the view, and the kernel once read them as if
+    # dense (ids[::2] gave the rows of ids[:3]; an expand read past the one stored id)
+    base = torch.tensor([[1, 9], [2, 8], [3, 7], [4, 6]], device=device)
+    ids = {"every-other": base.view(-1)[::2], "expanded": base[1, :1].expand(5), "column": base[:, 1]}[layout]
+    w = torch.randn(10, 6, device=device, requires_grad=True)
+    y = ks.embedding(ids, w, backend=backend)
+    assert torch.equal(y, w.detach()[ids])
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    want = torch.zeros(10, 6, device=device).index_add_(0, ids, dy)
+    torch.testing.assert_close(w.grad, want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unchecked_out_of_range_id_is_never_read(backend, device):
+    # every backend alike: the reference once wrapped -1 to the last row (torch indexing), and it
+    # runs where the kernel cannot (strided weight, no Triton) and under torch.compile (unchecked)
     w = torch.randn(10, 8, device=device)
-    y = ks.embedding(torch.tensor([2, 10, 3], device=device), w, check_ids=False, backend="triton")
-    assert y[1].isnan().all() and torch.equal(y[[0, 2]], w[[2, 3]])
+    y = ks.embedding(torch.tensor([2, 10, 3, -1], device=device), w, check_ids=False, backend=backend)
+    assert y[1].isnan().all() and y[3].isnan().all() and torch.equal(y[[0, 2]], w[[2, 3]])
 
 
-def test_unchecked_out_of_range_id_is_never_written_by_the_backward(device):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unchecked_out_of_range_id_is_never_written_by_the_backward(backend, device):
     """The backward of an unchecked lookup gives in-range ids their summed rows and writes nothing
-    for an id outside [0, V) (a guard value past the gradient's end stays untouched)."""
+    for an id outside [0, V) (a guard value past the gradient's end stays untouched; the reference
+    once raised torch's index error instead)."""
     buf = torch.full((11, 8), 7.0, device=device)
     w = buf[:10].clone().requires_grad_()
     ids = torch.tensor([2, 10, 3, 2, -1], device=device)
-    y = ks.embedding(ids, w, check_ids=False, backend="triton")
+    y = ks.embedding(ids, w, check_ids=False, backend=backend)
     dy = torch.randn_like(y)
     (dw,) = torch.autograd.grad(y, (w,), dy)
     want = torch.zeros(10, 8, device=device)
     want[2] = dy[0] + dy[3]
     want[3] = dy[2]
     torch.testing.assert_close(dw, want)
+    if backend != "triton":
+        return
     # the kernel itself, into a gradient with guard rows on both sides
     from kernelset.ops.embedding import launch as EL
     guard = torch.full((12, 8), 7.0, device=device)

@@ -197,6 +197,27 @@ def test_compile_fullgraph_in_place(device):
     assert torch.allclose(total, want_k.sum() + want_v.sum())
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_writes_bump_autograd_versions(backend, device):
+    # torch's in-place writes bump a tensor's version counter, so a graph that saved the tensor
+    # refuses to back-propagate through the new values; kernels writing through pointers must bump
+    # it themselves (the Triton paths did not: the backward silently used the overwritten cache)
+    h, d, bs, nb = 2, 64, 16, 2
+    key, value = torch.randn(3, h, d, device=device), torch.randn(3, h, d, device=device)
+    k_cache, v_cache = torch.randn(nb, bs, h, d, device=device), torch.randn(nb, bs, h, d, device=device)
+    w = torch.randn(d, 4, device=device, requires_grad=True)
+    saved = [k_cache @ w, v_cache @ w]  # both caches saved for w's gradient
+    ks.reshape_and_cache(key, value, k_cache, v_cache, torch.tensor([0, 5, 17], device=device), backend=backend)
+    for out in saved:
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()
+    saved = [k_cache @ w, v_cache @ w]
+    ks.copy_blocks([k_cache], [v_cache], torch.tensor([[0, 1]], device=device), backend=backend)
+    for out in saved:
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()
+
+
 # ---- copy_blocks / swap_blocks -----------------------------------------------------------------
 
 
@@ -237,6 +258,26 @@ def test_copy_blocks_bad_input(device):
     before = kc[0].clone()
     ks.copy_blocks(kc, vc, torch.tensor([[0, 9], [1, 2]], device=device), check_blocks=False, backend="triton")
     assert torch.equal(kc[0][2], before[1]) and torch.equal(kc[0][:2], before[:2]), "bad pair skipped"
+
+
+@pytest.mark.parametrize("backend", [str(i.backend) for i in impls("copy_blocks")])
+@pytest.mark.parametrize("pairs,match", [
+    ([[0, 1], [1, 2]], "also a source"),  # block 1 written while pair 2 reads it
+    ([[2, 0], [3, 2]], "also a source"),  # the same race, the writer listed second
+    ([[0, 3], [1, 3]], "repeated destination"),
+], ids=["chain", "chain-reversed", "two-writers"])
+def test_copy_blocks_racing_pairs_refused(backend, pairs, match, device):
+    # the pairs run in parallel on the GPU: such mappings gave backend- and timing-dependent blocks
+    # (the interpreter's program order copied block 0 into block 2, the reference block 1), silently
+    kc = [torch.randn(4, 2, 1, 8, device=device)]
+    vc = [torch.randn(4, 2, 1, 8, device=device)]
+    before = kc[0].clone()
+    with pytest.raises(ks.ArgumentError, match=rf"'block_mapping'.*{match}"):
+        ks.copy_blocks(kc, vc, torch.tensor(pairs, device=device), backend=backend)
+    assert torch.equal(kc[0], before), "nothing copied"
+    # a block copied onto itself, or one source read by several pairs, is no race
+    ks.copy_blocks(kc, vc, torch.tensor([[1, 1], [0, 2], [0, 3]], device=device), backend=backend)
+    assert torch.equal(kc[0][[0, 1, 2, 3]], before[[0, 1, 0, 0]])
 
 
 def test_swap_blocks_round_trip(device):

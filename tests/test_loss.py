@@ -135,6 +135,40 @@ def test_out_of_range_target_poisons_the_loss(backend, bad, device):
     assert mean.isnan()
 
 
+@pytest.mark.parametrize("backend", [str(i.backend) for i in impls("cross_entropy")])
+@pytest.mark.parametrize("ignore_index", [2**31, -2**31 - 5], ids=["2^31", "below-int32"])
+def test_ignore_index_outside_int32_targets(backend, ignore_index, device):
+    # int32 targets never equal such an ignore_index: every row counts. The gradient's mean scale
+    # once counted the count kernel's padding lanes too (their `other=ignore_index` truncated to
+    # int32 no longer matched), so dlogits came out ~1000x too small while the loss was right
+    x = torch.randn(5, 40, device=device, requires_grad=True)
+    t = torch.randint(0, 40, (5,), device=device, dtype=torch.int32)
+    loss = ks.cross_entropy(x, t, ignore_index=ignore_index, backend=backend)
+    loss.backward()
+    xr = x.detach().clone().requires_grad_()
+    want = F.cross_entropy(xr, t.long())
+    want.backward()
+    assert rel_err(loss, want) < 1e-6 and rel_err(x.grad, xr.grad) < 1e-5
+
+
+@pytest.mark.parametrize("backend", [str(i.backend) for i in impls("cross_entropy")])
+def test_logits_not_kept_alive_by_the_graph(backend, device):
+    # the forward already wrote dlogits: the graph must not also hold the [M, V] logits until the
+    # backward (the autograd context once kept them for the backward's dispatch: twice the memory)
+    import gc
+    import weakref
+    h = torch.randn(4, 8, device=device, requires_grad=True)
+    w = torch.randn(50, 8, device=device)
+    logits = h @ w.t()  # mm saves h and w, not its output
+    alive = weakref.ref(logits)
+    loss = ks.cross_entropy(logits, torch.randint(0, 50, (4,), device=device), backend=backend)
+    del logits
+    gc.collect()
+    assert alive() is None, "the graph keeps the logits alive"
+    loss.backward()
+    assert h.grad is not None and h.grad.abs().sum() > 0
+
+
 def test_backward_twice_is_refused(device):
     x = torch.randn(2, 10, device=device, requires_grad=True)
     loss = ks.cross_entropy(x, torch.tensor([1, 2], device=device))
@@ -143,16 +177,41 @@ def test_backward_twice_is_refused(device):
         loss.backward()
 
 
+@pytest.mark.parametrize("backend", [str(i.backend) for i in impls("cross_entropy")])
+def test_double_backward_is_refused_by_name(backend, device):
+    # a gradient penalty through the loss: the first gradient is right, the second-order one is
+    # refused saying so (it once claimed "backward ran twice (retain_graph=True)")
+    x = torch.randn(3, 10, device=device, requires_grad=True)
+    t = torch.tensor([1, 2, 3], device=device)
+    (g,) = torch.autograd.grad(ks.cross_entropy(x, t, backend=backend), (x,), create_graph=True)
+    xr = x.detach().clone().requires_grad_()
+    F.cross_entropy(xr, t).backward()
+    assert rel_err(g, xr.grad) < 1e-5
+    with pytest.raises(RuntimeError, match="double backward"):
+        g.pow(2).sum().backward()
+
+
 @pytest.mark.parametrize("kwargs,match", [
     ({"label_smoothing": 1.0}, "label_smoothing"),
     ({"z_loss": -1.0}, "z_loss"),
     ({"softcap": 0.0}, "softcap"),
     ({"reduction": "avg"}, "reduction"),
     ({"ignore_index": 1.5}, "ignore_index"),
-], ids=["smoothing-1", "negative-zloss", "zero-softcap", "bad-reduction", "float-ignore-index"])
+    # past int64 it once reached Triton's launcher: "OverflowError: integer to be specialized too large"
+    ({"ignore_index": 2**70}, "ignore_index"),
+], ids=["smoothing-1", "negative-zloss", "zero-softcap", "bad-reduction", "float-ignore-index",
+        "huge-ignore-index"])
 def test_bad_options(kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
         ks.cross_entropy(torch.randn(2, 5), torch.tensor([0, 1]), **kwargs)
+
+
+def test_numpy_ignore_index_accepted():
+    # a pad id read from a tokenizer config or numpy array is an np.int64, not an int
+    np = pytest.importorskip("numpy")
+    x, t = torch.randn(3, 5), torch.tensor([0, 4, 1])
+    got = ks.cross_entropy(x, t, ignore_index=np.int64(4))
+    assert rel_err(got, F.cross_entropy(x, t, ignore_index=4)) < 1e-6
 
 
 @pytest.mark.parametrize("logits,target,match", [

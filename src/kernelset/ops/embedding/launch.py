@@ -40,7 +40,9 @@ def embedding_fwd(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     m = ids.numel()
     if m and d:
         p = embedding_policy(m, d)
-        _fwd(p.grid, ids.reshape(-1), weight, out, m, v, d, weight.stride(0),
+        # the kernel reads ids[row] unit-stride: reshape(-1) of 1-D ids is the same view, strided
+        # (ids[::2]) or stride 0 (an expand) alike, so it is made contiguous (a no-op when it is)
+        _fwd(p.grid, ids.reshape(-1).contiguous(), weight, out, m, v, d, weight.stride(0),
              BLOCK_M=p.block_m, BLOCK_D=p.block_d, num_warps=p.num_warps)
     return out
 

@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 import torch
 
 from ...core import checks, dispatch
+from ...core.autograd import mark_written
 from ...core.enums import AUTO, Backend
 from ...core.errors import ArgumentError, ArgumentTypeError
 from . import backends  # noqa: F401  (declares the ops and registers their implementations)
@@ -108,6 +109,7 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Ten
         torch.ops.kernelset.reshape_and_cache_(*args, str(backend))
     else:
         dispatch.select(op, backend, args[:5], {}).forward(*args)
+        mark_written(k_cache, v_cache)
 
 
 @torch.library.custom_op("kernelset::reshape_and_cache_", mutates_args=("k_cache", "v_cache"))
@@ -151,18 +153,33 @@ def _check_caches(op: str, k_caches: object, v_caches: object) -> tuple[list[tor
 
 def _check_mapping(op: str, block_mapping: object, num_blocks: int, check: bool, name: str = "block_mapping",
                    src_blocks: int | None = None) -> torch.Tensor:
+    """``src_blocks`` None: source and destination are the same caches (copy_blocks), whose pairs
+    run in parallel, so a destination that is another pair's source, or a repeated destination,
+    is a race (refused with the range check's sync); swap_blocks copies one cache into another."""
     checks.tensor(op, name, block_mapping, dtypes=(torch.int64,), min_ndim=2)
     if block_mapping.dim() != 2 or block_mapping.shape[1] != 2:
         raise ArgumentError(op, name, "[N, 2] int64 (src, dst) pairs", f"shape {tuple(block_mapping.shape)}")
     if check and block_mapping.numel() and not _hot_path(block_mapping):
-        src_n = num_blocks if src_blocks is None else src_blocks
-        lo_s, hi_s, lo_d, hi_d = torch.stack([*torch.aminmax(block_mapping[:, 0]),
-                                              *torch.aminmax(block_mapping[:, 1])]).tolist()
+        in_place = src_blocks is None
+        src_n = num_blocks if in_place else src_blocks
+        src, dst = block_mapping[:, 0], block_mapping[:, 1]
+        stats = [*torch.aminmax(src), *torch.aminmax(dst)]
+        if in_place:
+            # (a pair copying a block onto itself reads and writes the same elements: harmless)
+            stats.append((torch.isin(dst, src) & (dst != src)).any().long())
+            stats.append((torch.sort(dst).values.diff() == 0).any().long())
+        lo_s, hi_s, lo_d, hi_d, *race = torch.stack(stats).tolist()  # one host sync
         if lo_s < 0 or hi_s >= src_n:
             raise ArgumentError(op, name, f"source blocks in [0, {src_n})", f"sources from {lo_s} to {hi_s}")
         if lo_d < 0 or hi_d >= num_blocks:
             raise ArgumentError(op, name, f"destination blocks in [0, {num_blocks})",
                                 f"destinations from {lo_d} to {hi_d}")
+        if race and race[0]:
+            raise ArgumentError(op, name, "destinations that are no other pair's source (the pairs are copied in "
+                                "parallel)", "a destination that is also a source")
+        if race and race[1]:
+            raise ArgumentError(op, name, "distinct destinations (the pairs are copied in parallel)",
+                                "a repeated destination")
     return block_mapping
 
 
@@ -172,9 +189,10 @@ def copy_blocks(k_caches: Sequence[torch.Tensor], v_caches: Sequence[torch.Tenso
     in both k_caches and v_caches (lists of per-layer ``[num_blocks, block_size, Hkv, D]`` caches
     of one dtype and device; layers may differ in block_size, heads or head size).
 
-    For copy-on-write of shared prefix blocks: a destination must not also be a source (the pairs
-    run in parallel). ``check_blocks`` raises on a block outside [0, num_blocks) with one host sync
-    (skipped under graph capture and torch.compile); the kernel skips such pairs anyway. A mapping
+    For copy-on-write of shared prefix blocks: a destination must not also be another pair's source,
+    nor repeat (the pairs run in parallel). ``check_blocks`` raises on either, and on a block
+    outside [0, num_blocks), with one host sync (skipped under graph capture and torch.compile);
+    the kernel skips out-of-range pairs anyway. A mapping
     on another device than the caches is copied over first.
     """
     op = "copy_blocks"
@@ -187,6 +205,7 @@ def copy_blocks(k_caches: Sequence[torch.Tensor], v_caches: Sequence[torch.Tenso
         torch.ops.kernelset.copy_blocks_(ks, vs, mapping, str(backend))
     else:
         dispatch.select(op, backend, (ks, vs, mapping), {}).forward(ks, vs, mapping)
+        mark_written(*ks, *vs)
 
 
 @torch.library.custom_op("kernelset::copy_blocks_", mutates_args=("k_caches", "v_caches"))
@@ -227,6 +246,7 @@ def swap_blocks(src: torch.Tensor, dst: torch.Tensor, block_mapping: torch.Tenso
         torch.ops.kernelset.swap_blocks_(src, dst, mapping, str(backend))
     else:
         dispatch.select(op, backend, (src, dst, mapping), {}).forward(src, dst, mapping)
+        mark_written(dst)
 
 
 @torch.library.custom_op("kernelset::swap_blocks_", mutates_args=("dst",))

@@ -6,6 +6,8 @@ is 1.0 (eager), or as a plain multiply that torch.compile fuses (compiled).
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from ...core import checks, dispatch
@@ -37,7 +39,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     checks.tensor(op, "target", target, dtypes=(torch.int64, torch.int32), min_ndim=0)
     checks.shape(op, "target", target, tuple(logits.shape[:-1]), "logits' leading shape")
     checks.same_device(op, "target", target, "logits", logits)
-    label_smoothing, z_loss, cap, red = check_options(op, ignore_index, label_smoothing, z_loss, softcap, reduction)
+    ignore_index, label_smoothing, z_loss, cap, red = check_options(op, ignore_index, label_smoothing, z_loss, softcap,
+                                                                    reduction)
     v = logits.shape[-1]
     if v == 0:
         raise ArgumentError(op, "logits", "of vocabulary size (last dim) >= 1", f"shape {tuple(logits.shape)}")
@@ -53,11 +56,15 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
 
 
 def check_options(op: str, ignore_index, label_smoothing, z_loss, softcap,
-                  reduction) -> tuple[float, float, float, str]:
-    """The loss options of cross_entropy and linear_cross_entropy, checked: (label_smoothing, z_loss,
-    softcap or 0.0, reduction's value)."""
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+                  reduction) -> tuple[int, float, float, float, str]:
+    """The loss options of cross_entropy and linear_cross_entropy, checked: (ignore_index as an int,
+    label_smoothing, z_loss, softcap or 0.0, reduction's value)."""
+    # any integer type (numpy's, from a tokenizer's config) but bool and tensors (a host sync each call)
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
         raise ArgumentError(op, "ignore_index", "an int", repr(ignore_index))
+    ignore_index = int(ignore_index)
+    if not -2**63 <= ignore_index < 2**63:  # compared with int64 targets on the device
+        raise ArgumentError(op, "ignore_index", "an int64 value", ignore_index)
     label_smoothing = checks.finite(op, "label_smoothing", label_smoothing)
     if not 0.0 <= label_smoothing < 1.0:
         raise ArgumentError(op, "label_smoothing", "in [0, 1)", label_smoothing)
@@ -65,7 +72,7 @@ def check_options(op: str, ignore_index, label_smoothing, z_loss, softcap,
     if z_loss < 0:
         raise ArgumentError(op, "z_loss", ">= 0", z_loss)
     cap = 0.0 if softcap is None else checks.positive(op, "softcap", softcap)
-    return label_smoothing, z_loss, cap, Reduction.parse(reduction, what="reduction", op=op).value
+    return ignore_index, label_smoothing, z_loss, cap, Reduction.parse(reduction, what="reduction", op=op).value
 
 
 def _fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float, z_loss: float,
@@ -85,22 +92,31 @@ def _(logits, target, ignore_index, label_smoothing, z_loss, softcap, reduction,
     return loss, (logits.new_empty(logits.shape) if need_grad else logits.new_empty(0))
 
 
+_DOUBLE = ("kernelset.{op}: double backward (a gradient of its gradient, after create_graph=True) is not "
+           "supported: the gradient is computed by the forward's kernel, not by differentiable torch ops")
+
+
 def _setup(ctx, inputs, output):
     ctx.save_for_backward(output[1])
-    ctx.opts = (inputs[6], inputs[8], inputs[0], inputs[1])  # reduction, backend, logits, target (for dispatch)
+    ctx.reduction = inputs[6]
     ctx.used = False
+    # the backward's implementation chosen now: holding the logits (or target) on ctx until the
+    # backward would keep the [M, V] logits alive next to their gradient, twice the memory
+    if getattr(ctx, "eager", False):
+        ctx.impl = dispatch.select("cross_entropy", inputs[8], (inputs[0], inputs[1]), {}, backward=True)
 
 
 def _backward(ctx, grad_loss, grad_dlogits):
     (dlogits,) = ctx.saved_tensors
-    reduction, backend, logits, target = ctx.opts
+    reduction = ctx.reduction
     if getattr(ctx, "eager", False):
+        if grad_dlogits is not None:  # only a gradient of the first gradient reaches the stored dlogits
+            raise RuntimeError(_DOUBLE.format(op="cross_entropy"))
         if ctx.used:  # the in-place scaling would apply twice
             raise RuntimeError("kernelset.cross_entropy: backward ran twice (retain_graph=True) and is not "
                                "supported; compute the loss again")
         ctx.used = True
-        impl = dispatch.select("cross_entropy", backend, (logits, target), {}, backward=True)
-        dx = impl.backward(grad_loss, dlogits, reduction)
+        dx = ctx.impl.backward(grad_loss, dlogits, reduction)
     else:
         dx = ref.bwd(grad_loss, dlogits, reduction)  # plain torch ops: torch.compile fuses the multiply
     return dx, None, None, None, None, None, None, None, None

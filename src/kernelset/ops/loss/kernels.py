@@ -254,7 +254,10 @@ def _ce_grad_scale_kernel(T, OUT, M, ignore_index, MEAN: tl.constexpr, BLOCK: tl
         cnt = tl.zeros([BLOCK], tl.int32)
         for start in range(0, M, BLOCK):
             r = start + offs
-            t = tl.load(T + r, mask=r < M, other=ignore_index)
-            cnt += tl.where(t != ignore_index, 1, 0)
+            rm = r < M
+            # the row mask, not only the load's `other`: an ignore_index outside the target
+            # dtype's range (2**31 with int32 targets) is truncated there and padding would count
+            t = tl.load(T + r, mask=rm, other=0)
+            cnt += tl.where(rm & (t != ignore_index), 1, 0)
         scale = tl.math.div_rn(1.0, tl.maximum(tl.sum(cnt, axis=0), 1).to(tl.float32))
     tl.store(OUT, scale)

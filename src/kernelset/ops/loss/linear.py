@@ -39,7 +39,7 @@ from ...core.registry import BenchCase, Cost, Impl, OpSpec, Problem, declare_op,
 from ...core.support import triton_device
 from ...core.tuning import TuningStack, hash_once
 from . import linear_reference as ref
-from .api import Reduction, check_options
+from .api import _DOUBLE, Reduction, check_options
 
 OP = "linear_cross_entropy"
 
@@ -252,7 +252,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     checks.tensor(op, "target", target, dtypes=(torch.int64, torch.int32), min_ndim=0)
     checks.shape(op, "target", target, tuple(hidden.shape[:-1]), "hidden's leading shape")
     checks.same_device(op, "target", target, "hidden", hidden)
-    label_smoothing, z_loss, cap, red = check_options(op, ignore_index, label_smoothing, z_loss, softcap, reduction)
+    ignore_index, label_smoothing, z_loss, cap, red = check_options(op, ignore_index, label_smoothing, z_loss, softcap,
+                                                                    reduction)
     h2, t2 = hidden.reshape(-1, h), target.reshape(-1).contiguous()  # the kernel reads targets unit-stride
     grad_on = torch.is_grad_enabled()
     nh, nw = grad_on and hidden.requires_grad, grad_on and weight.requires_grad
@@ -304,13 +305,22 @@ def _setup(ctx, inputs, output):
         ctx.impl = dispatch.select(OP, backend, (hidden, weight, target), {}, backward=True)
 
 
-def _backward(ctx, grad_loss, *_):
+def _backward(ctx, grad_loss, *grad_stored):
     nh, nw, nb = ctx.needs
     ignore_index, smoothing, z_loss, softcap, reduction, backend = ctx.opts
     eager = getattr(ctx, "eager", False)
+    # only a gradient of the first gradients reaches the stored ones (eager: the others are None)
+    if eager and any(g is not None for g in grad_stored):
+        raise RuntimeError(_DOUBLE.format(op=OP))
     if ctx.plan.deferred:
         hidden, weight, bias, target = ctx.saved_tensors
         args = (hidden, weight, bias, target, ignore_index, smoothing, z_loss, softcap, reduction, nh, nw, nb)
+        if eager and torch.is_grad_enabled() and ctx.impl.backend != Backend.REFERENCE:
+            # create_graph=True: the chunked recompute writes into buffers (mm out=), which autograd
+            # cannot record; the reference's plain torch ops can
+            raise RuntimeError(f"kernelset.{OP}: backward with create_graph=True is not supported by the "
+                               f"{ctx.impl.backend} backend (reduction='none' recomputes in buffers autograd "
+                               "cannot record); backend='reference' supports it")
         if eager:
             _, gh, gw, gb = ctx.impl.forward(*args, grad_loss)
         else:
