@@ -127,6 +127,21 @@ def test_swiglu_oai_refuses_grad(device):
         ks.swiglu_oai(x)
 
 
+@pytest.mark.parametrize("backend", _backends("swiglu_oai"))
+def test_swiglu_oai_keeps_nan(backend, device):
+    """A NaN gate or up gives NaN, as transformers' clamp-based code does. The Triton kernel's
+    clamps (tl.minimum / tl.maximum, which by default return the non-NaN operand) turned it into
+    the finite limit: a diverging gpt-oss MoE layer produced plausible numbers instead of NaN."""
+    nan = float("nan")
+    # (gate, up) pairs: NaN gate, NaN up, NaN in both, then finite values around the clamp
+    x = torch.tensor([[nan, 1.0, 2.0, nan, nan, nan, 9.0, -9.0]], device=device)
+    y = ks.swiglu_oai(x, backend=backend)
+    gate, up = x[..., ::2].clamp(max=7.0), x[..., 1::2].clamp(min=-7.0, max=7.0)
+    want = (up + 1) * gate * torch.sigmoid(gate * 1.702)
+    assert torch.equal(y.isnan(), want.isnan()), f"{y} vs {want}"
+    torch.testing.assert_close(y[..., 3:], want[..., 3:])
+
+
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_rounding_matches_transformers_module_code(approximate, device):
     """``act_fn(gate) * up`` in bf16, as LlamaMLP/GemmaMLP run it, element for element."""

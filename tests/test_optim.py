@@ -380,6 +380,121 @@ def test_step_cache_replays_and_follows_every_change(device, monkeypatch):
     assert step(grads=[odd] + _grads(a)[1:]) > 0, "a misaligned grad: another bucket, full path"
 
 
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_copied_optimizer_keeps_its_options(how, device):
+    """torch's Optimizer.__getstate__ keeps defaults, state and param_groups only: a deepcopy or a
+    pickle (torch.save of the optimizer) came back with master_weights off, fp32 states and the
+    AUTO backend, and its next step updated the bf16 params directly, ignoring the masters."""
+    import copy
+    import pickle
+    p = torch.randn(300, device=device, dtype=torch.bfloat16, requires_grad=True)
+    opt = ks.optim.AdamW([p], lr=1e-2, master_weights=True, state_dtype=None, backend="reference")
+    p.grad = torch.randn_like(p)
+    opt.step()
+    dup = copy.deepcopy(opt) if how == "deepcopy" else pickle.loads(pickle.dumps(opt))
+    assert (dup.master_weights, dup.state_dtype, dup.backend) == (True, None, ks.Backend.REFERENCE)
+    q = dup.param_groups[0]["params"][0]
+    g = torch.randn_like(p)
+    p.grad, q.grad = g, g.clone()
+    opt.step()
+    dup.step()
+    st = dup.state[q]
+    assert st["exp_avg"].dtype == torch.bfloat16 and torch.equal(q.detach(), st["master_param"].to(torch.bfloat16))
+    assert torch.equal(q.detach(), p.detach()) and torch.equal(st["master_param"], opt.state[p]["master_param"])
+
+
+def test_refused_param_group_is_not_added(device):
+    """A group refused by add_param_group (here a float64 param) must leave the optimizer as it
+    was: it stayed appended, and every later step() failed on it."""
+    p = torch.randn(10, device=device, requires_grad=True)
+    opt = ks.optim.AdamW([p], lr=1e-2)
+    with pytest.raises(TypeError, match="float64"):
+        opt.add_param_group({"params": [torch.randn(4, device=device, dtype=torch.float64, requires_grad=True)]})
+    with pytest.raises(ValueError, match="lr"):
+        opt.add_param_group({"params": [torch.randn(4, device=device, requires_grad=True)], "lr": -1.0})
+    assert len(opt.param_groups) == 1
+    p.grad = torch.randn_like(p)
+    opt.step()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_amsgrad_nan_grad_state_matches_torch(backend, device):
+    """A NaN grad makes torch's max_exp_avg_sq NaN there (torch.maximum keeps NaN). The kernel's
+    tl.maximum returned the other operand, keeping the old finite maximum: the states and the
+    backends disagreed after the first NaN. NaN in a full block and in the masked tail."""
+    a, b = _pair([torch.randn(2049, device=device)])
+    ours = ks.optim.AdamW(a, lr=1e-2, amsgrad=True, backend=backend)
+    ref = torch.optim.AdamW(b, lr=1e-2, amsgrad=True)
+    for step in range(2):
+        g = torch.randn(2049, device=device)
+        if step == 1:
+            g[5] = g[2048] = float("nan")
+        a[0].grad, b[0].grad = g, g.clone()
+        ours.step()
+        ref.step()
+    for key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
+        got, want = ours.state[a[0]][key], ref.state[b[0]][key]
+        assert torch.equal(got.isnan(), want.isnan()), f"{key}: NaN at {got.isnan().nonzero().flatten().tolist()}"
+        _close(got.nan_to_num(0.0), want.nan_to_num(0.0), FP32_TOL, key)
+    assert torch.equal(a[0].detach().isnan(), b[0].detach().isnan())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_step_bumps_param_versions(backend, device):
+    """torch's optimizers update params with in-place ops, which bump their version counters: a
+    graph that saved a param before the step then refuses to back-propagate through the new
+    values. The Triton kernels write through pointers, so the step bumps them itself; both the
+    full step and the cached replay (second step) are checked."""
+    p = torch.nn.Parameter(torch.randn(16, 8, device=device))
+    opt = ks.optim.AdamW([p], lr=1e-2, backend=backend)
+    for _ in range(2):
+        x = torch.randn(4, 16, device=device, requires_grad=True)
+        out = x @ p  # saves p for x's gradient
+        p.grad = torch.randn_like(p)
+        before = p._version
+        opt.step()
+        assert p._version > before
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()
+
+
+@pytest.mark.parametrize("change", ["replace", "reorder"])
+def test_step_cache_follows_the_group_params_list(change, device):
+    """The step cache must check *which* params the group holds, not only how many: an entry of
+    ``group["params"]`` replaced by another tensor of the same shape (re-pointing an optimizer at
+    a rebuilt module) or the list reordered. It replayed the old lists: the new param was never
+    updated and the old one took its grad; reordered params of different sizes were paired with
+    each other's grads and sizes (out-of-bounds reads and writes on a GPU)."""
+    a = [torch.randn(n, device=device, requires_grad=True) for n in (40, 50)]
+    b = [p.detach().clone().requires_grad_() for p in a]
+    ours = ks.optim.AdamW(a, lr=1e-1, backend="triton")
+    ref = torch.optim.AdamW(b, lr=1e-1)
+
+    def step():
+        for p, q in zip(ours.param_groups[0]["params"], ref.param_groups[0]["params"]):
+            g = torch.randn_like(p)
+            p.grad, q.grad = g, g.clone()
+        ours.step()
+        ref.step()
+
+    step()
+    step()  # (the cache is built; this one replayed)
+    if change == "replace":
+        fresh = torch.randn(40, device=device, requires_grad=True)
+        ours.param_groups[0]["params"][0] = fresh
+        ref.param_groups[0]["params"][0] = fresh.detach().clone().requires_grad_()
+        old = a[0].detach().clone()
+    else:
+        ours.param_groups[0]["params"].reverse()
+        ref.param_groups[0]["params"].reverse()
+    step()
+    step()
+    for i, (p, q) in enumerate(zip(ours.param_groups[0]["params"], ref.param_groups[0]["params"])):
+        _close(p.detach(), q.detach(), FP32_TOL, f"param {i}")
+    if change == "replace":
+        assert torch.equal(a[0].detach(), old), "a param no longer in the group was updated"
+
+
 @pytest.mark.parametrize("fn,match", [
     (lambda p: ks.optim.AdamW([p], lr=-1.0), "lr"),
     (lambda p: ks.optim.AdamW([p], betas=(1.0, 0.9)), r"betas\[0\]"),
@@ -391,8 +506,16 @@ def test_step_cache_replays_and_follows_every_change(device, monkeypatch):
     (lambda p: ks.optim.AdamW([p.detach().double()]), "float64"),
     (lambda p: ks.optim.AdamW([torch.randn(3, dtype=torch.complex64)]), "complex"),
     (lambda p: ks.optim.AdamW([p]).add_param_group({"params": [p.detach().double()]}), "float64"),
+    # a group's own hyper-parameters went unchecked (torch checks only the defaults): a negative
+    # lr climbed the loss, a beta >= 1 diverged, a string weight decay failed at step() unnamed
+    (lambda p: ks.optim.AdamW([{"params": [p], "lr": -1.0}]), r"param_groups\[0\]\['lr'\]"),
+    (lambda p: ks.optim.AdamW([{"params": [p]}, {"params": [p.detach().clone()], "betas": (2.0, 0.9)}]),
+     r"param_groups\[1\]\['betas'\]\[0\]"),
+    (lambda p: ks.optim.AdamW([{"params": [p], "weight_decay": "0.1"}]), r"param_groups\[0\]\['weight_decay'\]"),
+    (lambda p: ks.optim.AdamW([p], lr=torch.tensor(-1.0)), "lr"),  # (torch refuses it too)
+    (lambda p: ks.optim.AdamW([p], betas=("a", 0.9)), r"betas\[0\]"),
 ], ids=["lr", "beta1", "eps", "wd-nan", "differentiable", "lr-tensor-shape", "backend", "fp64", "complex",
-        "added-group"])
+        "added-group", "group-lr", "group-betas", "group-wd-str", "lr-tensor-negative", "beta-not-a-number"])
 def test_bad_input(fn, match):
     with pytest.raises((ValueError, TypeError), match=match):
         fn(torch.randn(4, requires_grad=True))

@@ -122,10 +122,41 @@ def test_rows_sum_to_one_in_fp32(backend, how, device):
     (lambda: ks.softmax(torch.randint(0, 2, (2, 3))), "dtype"),
     (lambda: ks.log_softmax(torch.randn(2, 3), out_dtype=torch.int32), "out_dtype"),
     (lambda: ks.softmax(torch.randn(2, 3), backend="nope"), "backend"),
-], ids=["dim-out-of-range", "zero-temperature", "int-dtype", "int-out-dtype", "unknown-backend"])
+    # a non-int dim raised a bare TypeError from the range check, naming no argument
+    (lambda: ks.softmax(torch.randn(2, 3), dim=1.0), "argument 'dim' must be an int"),
+    (lambda: ks.log_softmax(torch.randn(2, 3), dim=None), "argument 'dim' must be an int"),
+], ids=["dim-out-of-range", "zero-temperature", "int-dtype", "int-out-dtype", "unknown-backend", "float-dim",
+        "none-dim"])
 def test_bad_input(fn, match):
     with pytest.raises((ValueError, TypeError), match=match):
         fn()
+
+
+@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_empty_reduced_dim_keeps_the_graph(log, backend, device):
+    """A zero-length reduced dim (x [4, 0]; here dim 0 of [0, 3] too) with x requiring grad: y
+    was a fresh empty tensor off the graph, so backward raised "does not require grad" (or, next
+    to other outputs, x silently got no grad). torch gives an empty y on the graph, x.grad empty."""
+    fn = ks.log_softmax if log else ks.softmax
+    for shape, dim in (((4, 0), -1), ((0, 3), 0)):
+        x = torch.randn(shape, device=device, requires_grad=True)
+        y = fn(x, dim=dim, out_dtype=torch.float32, backend=backend)
+        assert y.shape == x.shape and y.dtype == torch.float32 and y.requires_grad
+        (y.sum() + x.sum()).backward()
+        assert x.grad is not None and x.grad.shape == x.shape
+
+
+@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("dim", [0, 1], ids=["dim0", "dim1"])
+def test_other_dim_result_is_contiguous_like_torch(dim, backend, device):
+    """The kernels reduce the last dim, so another dim is moved there; the result used to come back
+    as a view of that moved layout, and ``.view(-1)`` (fine on torch's result) raised."""
+    x = torch.randn(5, 7, 3, device=device)
+    y = ks.softmax(x, dim=dim, backend=backend)
+    want = torch.softmax(x, dim=dim)
+    assert y.is_contiguous() and y.stride() == want.stride()
+    assert rel_err(y.view(-1), want.view(-1)) < 1e-6
 
 
 def test_compile_fullgraph_with_backward(device):

@@ -75,8 +75,11 @@ def _act_fwd_kernel(X, U, Y, M, I, stride_x, stride_u, stride_y, alpha, limit, A
     if LAYOUT == 3:
         g = tl.load(x_row + 2 * cols[None, :], mask=mask, other=0.0).to(tl.float32)
         u = tl.load(x_row + 2 * cols[None, :] + 1, mask=mask, other=0.0).to(tl.float32)
-        g = tl.minimum(g, limit)
-        u = tl.minimum(tl.maximum(u, -limit), limit)
+        # NaN kept, as torch.clamp keeps it (the default min/max return the other operand: a NaN
+        # gate or up became the finite limit)
+        g = tl.minimum(g, limit, propagate_nan=tl.PropagateNan.ALL)
+        u = tl.minimum(tl.maximum(u, -limit, propagate_nan=tl.PropagateNan.ALL), limit,
+                       propagate_nan=tl.PropagateNan.ALL)
         y = (u + 1.0) * g * tl.sigmoid(alpha * g)
     else:
         g = tl.load(x_row + cols[None, :], mask=mask, other=0.0).to(tl.float32)

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 
 from ...core import dispatch
+from ...core.autograd import mark_written
 from ...core.checks import FLOAT_DTYPES
 from ...core.enums import AUTO, Backend
 from ...core.errors import ArgumentError, ArgumentTypeError
@@ -37,8 +38,11 @@ def _adamw_eager(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters,
                  eps, weight_decay, amsgrad, maximize, grad_scale, found_inf, backend) -> tuple[Any, Any]:
     """The step, and (the implementation that ran, what it returned: the Triton one its plan)."""
     impl = dispatch.select(_OP, backend, (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters), {})
-    return impl, impl.forward(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, lr, lr_tensor,
-                              beta1, beta2, eps, weight_decay, amsgrad, maximize, grad_scale, found_inf)
+    res = impl.forward(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, lr, lr_tensor, beta1,
+                       beta2, eps, weight_decay, amsgrad, maximize, grad_scale, found_inf)
+    if not torch.compiler.is_compiling():
+        mark_written(*params)  # as torch's optimizers' in-place updates do
+    return impl, res
 
 
 _adamw_op = torch.library.custom_op(
@@ -65,6 +69,35 @@ def _nonneg(name: str, value: Any) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < math.inf:
         raise ArgumentError("AdamW", name, "a finite number >= 0", repr(value))
+
+
+def _hyper(key: str, value: Any, name: str) -> Any:
+    """``lr``, ``betas``, ``eps`` or ``weight_decay`` checked (``name``: what the error calls it);
+    returns lr as a 0-dim tensor where a tensor, betas as a pair of floats."""
+    if key == "betas":
+        if not isinstance(value, (tuple, list)) or len(value) != 2:
+            raise ArgumentError("AdamW", name, "a pair (beta1, beta2)", repr(value))
+        betas = []
+        for i, b in enumerate(value):
+            try:
+                f = float(b)
+            except (TypeError, ValueError, RuntimeError):
+                f = math.nan
+            if not 0.0 <= f < 1.0:
+                raise ArgumentError("AdamW", f"{name}[{i}]", "in [0, 1)", repr(b))
+            betas.append(f)
+        return tuple(betas)
+    if key == "lr" and isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ArgumentError("AdamW", name, "a float or a 1-element tensor",
+                                f"a tensor of shape {tuple(value.shape)}")
+        if not value.is_floating_point():
+            raise ArgumentTypeError("AdamW", name, "a floating-point tensor", str(value.dtype))
+        if not 0.0 <= float(value) < math.inf:  # (read once, here: torch.optim.AdamW reads it too)
+            raise ArgumentError("AdamW", name, "a finite number >= 0", repr(value))
+        return value.reshape(()) if value.dim() else value
+    _nonneg(name, value)
+    return value
 
 
 class AdamW(torch.optim.Optimizer):
@@ -95,24 +128,10 @@ class AdamW(torch.optim.Optimizer):
                  foreach: bool | None = None, capturable: bool = False, differentiable: bool = False,
                  fused: bool | None = None, master_weights: bool = False,
                  state_dtype: torch.dtype | None = torch.float32, backend: Backend | str = AUTO) -> None:
-        if isinstance(lr, torch.Tensor):
-            if lr.numel() != 1:
-                raise ArgumentError("AdamW", "lr", "a float or a 1-element tensor",
-                                    f"a tensor of shape {tuple(lr.shape)}")
-            if not lr.is_floating_point():
-                raise ArgumentTypeError("AdamW", "lr", "a floating-point tensor", str(lr.dtype))
-            if lr.dim() != 0:
-                lr = lr.reshape(())
-        else:
-            _nonneg("lr", lr)
-        _nonneg("eps", eps)
-        _nonneg("weight_decay", weight_decay)
-        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise ArgumentError("AdamW", "betas", "a pair (beta1, beta2)", repr(betas))
-        betas = tuple(float(b) for b in betas)
-        for i, b in enumerate(betas):
-            if not 0.0 <= b < 1.0:
-                raise ArgumentError("AdamW", f"betas[{i}]", "in [0, 1)", b)
+        lr = _hyper("lr", lr, "lr")
+        betas = _hyper("betas", betas, "betas")
+        eps = _hyper("eps", eps, "eps")
+        weight_decay = _hyper("weight_decay", weight_decay, "weight_decay")
         if differentiable:
             raise ArgumentError("AdamW", "differentiable", "False (kernelset's AdamW updates in place outside "
                                 "autograd; use torch.optim.AdamW(differentiable=True))", True)
@@ -130,10 +149,28 @@ class AdamW(torch.optim.Optimizer):
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch's, with the group's own hyper-parameters checked as the constructor checks the
+        defaults (torch's AdamW checks only those: a group's lr=-1 or betas=(2, 0.9) ran), and
+        nothing added when a check fails."""
+        where = f"param_groups[{len(self.param_groups)}]"
+        if isinstance(param_group, dict):  # (torch's own check refuses anything else)
+            for key in ("lr", "betas", "eps", "weight_decay"):
+                if key in param_group:
+                    _hyper(key, param_group[key], f"{where}['{key}']")
         self._forget_steps()
         super().add_param_group(param_group)
-        for p in self.param_groups[-1]["params"]:
-            _check_param(p, f"param group {len(self.param_groups) - 1}")
+        try:
+            for p in self.param_groups[-1]["params"]:
+                _check_param(p, where)
+        except ArgumentError:
+            self.param_groups.pop()
+            raise
+
+    def __getstate__(self) -> dict[str, Any]:
+        # torch's keeps defaults, state and param_groups only: a deepcopy or pickle of the
+        # optimizer then came back without master weights, in fp32 states and on AUTO
+        return {**super().__getstate__(), "master_weights": self.master_weights, "state_dtype": self.state_dtype,
+                "backend": self.backend}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
@@ -270,7 +307,9 @@ class _GroupStep:
     and the dispatcher's choice. A step of 2000 tensors otherwise spends ~13 ms of host time (this
     CPU) re-validating every state, re-deriving the dispatch key and re-hashing every address.
 
-    ``replay`` runs the step on it only when, for every parameter of the group: the same ones
+    ``replay`` runs the step on it only when the group holds the same parameter objects in the
+    same order (an entry of ``group["params"]`` replaced or the list reordered: the cached lists
+    would pair a param with another's grad and size) and, for every parameter: the same ones
     have a grad; each param still has the address it had (a ``.data`` swap, a move or a cast
     changes it); each state entry is the same tensor object; each grad is dense, contiguous and
     of the dtype it had (its address may move: the tables are rebuilt then); the group's
@@ -278,7 +317,7 @@ class _GroupStep:
     the Triton implementation. Anything else (and torch.compile) takes the full path, which
     rebuilds the cache. ``load_state_dict``, ``add_param_group`` and unpickling drop it."""
 
-    __slots__ = ("n", "none", "amsgrad", "backend", "master", "state_dtype", "parts")
+    __slots__ = ("params", "none", "amsgrad", "backend", "master", "state_dtype", "parts")
 
     @classmethod
     def build(cls, opt: "AdamW", group: dict[str, Any], parts: dict, ran: dict) -> "_GroupStep | None":
@@ -287,7 +326,7 @@ class _GroupStep:
         params = group["params"]
         index = {id(p): i for i, p in enumerate(params)}
         self = cls()
-        self.n = len(params)
+        self.params = list(params)
         self.none = [p.grad is None for p in params]
         self.amsgrad = bool(group["amsgrad"])
         self.backend, self.master, self.state_dtype = opt.backend, opt.master_weights, opt.state_dtype
@@ -304,8 +343,9 @@ class _GroupStep:
     def replay(self, opt: "AdamW", group: dict[str, Any], grad_scale: torch.Tensor | None,
                found_inf: torch.Tensor | None) -> bool:
         params = group["params"]
-        if (len(params) != self.n or bool(group["amsgrad"]) != self.amsgrad or opt.backend != self.backend
-                or opt.master_weights != self.master or opt.state_dtype != self.state_dtype):
+        if (len(params) != len(self.params) or bool(group["amsgrad"]) != self.amsgrad or opt.backend != self.backend
+                or opt.master_weights != self.master or opt.state_dtype != self.state_dtype
+                or any(p is not q for p, q in zip(params, self.params))):
             return False
         grads = [p.grad for p in params]
         if [g is None for g in grads] != self.none:
@@ -323,6 +363,7 @@ class _GroupStep:
             lr, lr_t = _lr(group["lr"], part.device)
             adamw_prepared(part.prep, part.ps, gs, part.ms, part.steps, lr, lr_t, beta1, beta2, eps, wd, self.amsgrad,
                            maximize, part.master, _on(grad_scale, part.device), _on(found_inf, part.device))
+            mark_written(*part.ps)
         return True
 
 

@@ -81,10 +81,13 @@ def _adamw_block(offs, mask, p_ptr, g_ptr, m_ptr, v_ptr, vmax_ptr, w_ptr, step_s
     v = v * b2 + w2 * (g * g)  # w2 = 1 - b2 from the host's double math, as torch
     if AMSGRAD:
         if MASKED:
-            vm = tl.maximum(tl.load(vmax_ptr + offs, mask=mask, other=0.0).to(tl.float32), v)
+            # NaN kept, as torch.maximum keeps it (by default the other operand is returned)
+            vm = tl.maximum(tl.load(vmax_ptr + offs, mask=mask, other=0.0).to(tl.float32), v,
+                            propagate_nan=tl.PropagateNan.ALL)
             tl.store(vmax_ptr + offs, vm.to(vmax_ptr.dtype.element_ty), mask=mask)
         else:
-            vm = tl.maximum(tl.load(vmax_ptr + offs, eviction_policy="evict_first").to(tl.float32), v)
+            vm = tl.maximum(tl.load(vmax_ptr + offs, eviction_policy="evict_first").to(tl.float32), v,
+                            propagate_nan=tl.PropagateNan.ALL)
             tl.store(vmax_ptr + offs, vm.to(vmax_ptr.dtype.element_ty))
         denom = tl.div_rn(tl.sqrt_rn(vm), bc2_sqrt) + eps
     else:

@@ -12,6 +12,8 @@ from . import backends  # noqa: F401  (declares the ops and registers their impl
 
 def _prepare(op: str, x: torch.Tensor, dim: int, temperature: float, out_dtype: torch.dtype | None):
     checks.tensor(op, "x", x)
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise ArgumentTypeError(op, "dim", "an int", repr(dim))
     if not -x.dim() <= dim < x.dim():
         raise ArgumentError(op, "dim", f"in [-{x.dim()}, {x.dim() - 1}] for a {x.dim()}-D x", dim)
     temperature = checks.positive(op, "temperature", temperature)
@@ -29,15 +31,16 @@ def _run(op: str, x: torch.Tensor, dim: int, temperature: float, out_dtype: torc
     # kernels reduce the last dim: another dim is moved there and made contiguous (one copy)
     xt = x if last else x.movedim(dim, -1).contiguous()
     log = op == "log_softmax"
-    if x.shape[dim] == 0:
-        y = xt.new_empty(xt.shape, dtype=out_dtype)
+    if x.shape[dim] == 0:  # nothing to reduce; a copy (of nothing) keeps y on x's autograd graph
+        y = xt.to(out_dtype, copy=True)
     elif torch.compiler.is_compiling():
         y = torch.ops.kernelset.softmax(xt, temperature, log, out_dtype, op, str(backend))
     elif needs_grad(x):
         y = apply(_SPEC, xt, temperature, log, out_dtype, op, str(backend))
     else:
         y = dispatch.select(op, backend, (xt,), {}).forward(xt, temperature, log, out_dtype)
-    return y if last else y.movedim(-1, dim)
+    # contiguous, as torch's result is: a view of the moved layout would refuse .view() and the like
+    return y if last else y.movedim(-1, dim).contiguous()
 
 
 def softmax(x: torch.Tensor, *, dim: int = -1, temperature: float = 1.0, out_dtype: torch.dtype | None = None,
