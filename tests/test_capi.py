@@ -246,6 +246,24 @@ def test_cross_entropy_edge_rows():
     torch.testing.assert_close(one[0], torch.nn.functional.cross_entropy(logits[0], torch.tensor(4)))
 
 
+def test_cross_entropy_ignore_index_beyond_target_dtype():
+    """An ignore_index no int32 target can equal (2**31) ignores no row: the mean divides by every
+    row (the Python package's _ce_grad_scale_kernel once counted masked padding there). The CUDA
+    kernels take an int32 ignore_index: a CUDA call's query refuses a wider one by the option's
+    name, before any plan (no driver needed)."""
+    from capi_helpers import on_cuda
+    logits, target = torch.randn(5, 7), torch.tensor([1, 2, 3, 4, 6], dtype=torch.int32)
+    want = torch.nn.functional.cross_entropy(logits, target.long())
+    for ignore in (2**31, -2**31 - 1, 2**63 - 1):
+        got = capi.cross_entropy(logits, target, ignore_index=ignore, out=poisoned(()))
+        torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+    loss = torch.empty(())
+    for ignore in (2**31, -2**31 - 1):
+        s = capi.query_support("cross_entropy", [on_cuda(logits), on_cuda(target), on_cuda(loss)],
+                               capi.options("cross_entropy", ignore_index=ignore))
+        assert s.name == "KS_ERR_UNSUPPORTED_SHAPE" and s.message.startswith("options.ignore_index:"), s
+
+
 # ---- embedding
 
 
@@ -263,6 +281,11 @@ def test_embedding(dtype):
             assert torch.equal(capi.embedding(ids[:, ::2], w, out=out), weight[ids[:, ::2].long()])
     scalar = capi.embedding(torch.tensor(4), weight)
     assert torch.equal(scalar, weight[4])
+    # 1-D ids with a stride and with stride 0 (an expand): the Python package's Triton path once read
+    # ids[row] unit-stride; the C path reads each id through its stride
+    ids = torch.randint(0, 50, (16,))
+    for view in (ids[::3], ids[2:3].expand(5)):
+        assert torch.equal(capi.embedding(view, weight, out=poisoned((view.shape[0], 24), dtype)), weight[view])
 
 
 def test_embedding_bad_id_writes_nothing():

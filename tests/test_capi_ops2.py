@@ -254,6 +254,21 @@ def test_copy_blocks(dtype):
         assert torch.equal(_fp8_bits(a), _fp8_bits(b))
 
 
+def test_copy_blocks_self_copy_and_chain_order():
+    """A block copied onto itself may sit beside a pair reading it (as in Python); the racing
+    mappings (test_failure's copy_destination_*) are refused before any block is written."""
+    kc, vc = [torch.randn(4, 2, 1, 8)], [torch.randn(4, 2, 1, 8)]
+    mapping = torch.tensor([[1, 1], [1, 3], [0, 2]])
+    rk, rv = [c.clone() for c in kc], [c.clone() for c in vc]
+    ks.copy_blocks(rk, rv, mapping, **REF)
+    capi.copy_blocks(kc, vc, mapping)
+    assert torch.equal(kc[0], rk[0]) and torch.equal(vc[0], rv[0])
+    before = kc[0].clone()
+    with pytest.raises(capi.KsError, match="no other pair's source"):
+        capi.copy_blocks(kc, vc, torch.tensor([[0, 1], [1, 2]]))
+    assert torch.equal(kc[0], before)
+
+
 # ---- attention
 
 
@@ -533,6 +548,16 @@ FAILURES = {
     "rope_cache_wider_than_head": (lambda: _rope_call(_rope_args(), cache=_cache(8, 16)), INV, "q:", False),
     "rope_k_dtype": (lambda: _rope_call(_rope_args(), k=torch.randn(3, 1, 8).half()), DT, "k:", False),
     "rope_k_tokens": (lambda: _rope_call(_rope_args(), k=torch.randn(4, 1, 8)), INV, "k:", False),
+    # k as the Python API takes it: [T, Hk, D] or [T, Hk * D] (a 4-D k, or a 3-D k of another head
+    # size, was accepted by the Python package and rotated the wrong features)
+    "rope_k_4d": (lambda: _rope_call(_rope_args(), k=torch.randn(3, 1, 1, 8)), INV, "k:", False),
+    "rope_k_head_size": (lambda: _rope_call(_rope_args(), k=torch.randn(3, 2, 4)), INV, "k: expected [T=3, Hk, 8]",
+                         False),
+    "rope_k_2d_width": (lambda: _rope_call(_rope_args(), k=torch.randn(3, 12)), INV, "k: expected [T=3, Hk, 8]",
+                        False),
+    "mrope_k_4d": (lambda: _mrope_call(_rope_args(), pos=torch.zeros(3, 3, dtype=torch.int64),
+                                       k=torch.randn(3, 1, 1, 8)), INV, "k:", False),
+    "qk_k_head_size": (lambda: _qk_call(_rope_args(), k=torch.randn(3, 2, 4), kw=torch.ones(4)), INV, "k:", False),
     "rope_interleaved_value": (lambda: _rope_call(_rope_args(), dict(interleaved=2)), INV, "interleaved:", False),
     "rope_mixed_devices": (lambda: _rope_call(_rope_args(), cache=on_cuda(_cache(8, 8))), DEV, "cos_sin_cache:",
                            False),
@@ -565,6 +590,16 @@ FAILURES = {
     "copy_block_out_of_range": (lambda: _copy_call([torch.zeros(3, 2, 1, 4)], [torch.zeros(3, 2, 1, 4)],
                                                    torch.tensor([[0, 1], [2, 3]])), INV,
                                 "block_mapping: expected destination blocks in [0, 3), got 3 at row 1", True),
+    # the pairs run in parallel (kvcache.api._check_mapping): a destination that is another pair's
+    # source, or a repeated destination, makes the copy depend on the order
+    "copy_destination_is_source": (lambda: _copy_call([torch.zeros(3, 2, 1, 4)], [torch.zeros(3, 2, 1, 4)],
+                                                      torch.tensor([[0, 1], [1, 2]])), INV,
+                                   "block_mapping: expected destinations that are no other pair's source (the pairs "
+                                   "are copied in parallel), got destination 1 at row 0", True),
+    "copy_destination_repeated": (lambda: _copy_call([torch.zeros(3, 2, 1, 4)], [torch.zeros(3, 2, 1, 4)],
+                                                     torch.tensor([[0, 2], [1, 2]])), INV,
+                                  "block_mapping: expected distinct destinations (the pairs are copied in parallel), "
+                                  "got destination 2 more than once", True),
     "copy_layers_blocks": (lambda: _copy_call([torch.zeros(3, 2, 1, 4), torch.zeros(2, 2, 1, 4)],
                                               [torch.zeros(3, 2, 1, 4), torch.zeros(2, 2, 1, 4)],
                                               torch.tensor([[0, 1]])), INV, "k_caches[1]:", False),

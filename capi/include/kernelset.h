@@ -170,7 +170,7 @@ typedef struct {
 
 typedef struct {
   size_t size;
-  int64_t ignore_index;   /* default -100 */
+  int64_t ignore_index;   /* default -100; int32 range on CUDA (KS_ERR_UNSUPPORTED_SHAPE beyond) */
   float label_smoothing;  /* default 0 */
   float z_loss;           /* default 0 */
   float softcap;          /* default 0 = none */
@@ -289,7 +289,9 @@ KS_API ks_status_t ks_qk_norm_rope(DLTensor *q, DLTensor *k, const DLTensor *q_w
 KS_API ks_status_t ks_reshape_and_cache(const DLTensor *key, const DLTensor *value, DLTensor *k_cache,
                                         DLTensor *v_cache, const DLTensor *slot_mapping,
                                         const DLTensor *k_scale, const DLTensor *v_scale, ks_stream_t stream);
-/* block_mapping [N, 2] int64 (src, dst) pairs; copies both caches of each of num_layers layers. */
+/* block_mapping [N, 2] int64 (src, dst) pairs; copies both caches of each of num_layers layers. The pairs
+ * run in parallel: a destination may be neither another pair's source nor repeated (a block copied
+ * onto itself is fine). */
 KS_API ks_status_t ks_copy_blocks(DLTensor *const *k_caches, DLTensor *const *v_caches, int32_t num_layers,
                                   const DLTensor *block_mapping, ks_stream_t stream);
 

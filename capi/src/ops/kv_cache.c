@@ -4,8 +4,9 @@
  * slot -1 skips a token. fp8 e4m3fn caches store x / scale (fp32 IEEE division) saturated to
  * +-448, rounded to nearest even. The CPU path checks every slot and block index before writing
  * anything (KS_ERR_INVALID_ARGUMENT naming the argument and the offending row), as the Python
- * functions do with check_slots / check_blocks; the CUDA kernel skips out-of-range rows (it cannot
- * report them), so nothing is ever written outside a cache.
+ * functions do with check_slots / check_blocks (copy_blocks: also pairs that race, a destination
+ * that is another pair's source or a repeated destination); the CUDA kernel skips out-of-range rows
+ * (it cannot report them), so nothing is ever written outside a cache.
  *
  * Layouts: any strides with a unit-stride last dim for the caches, key and value (token- and
  * head-strided views of a fused qkv work); slot_mapping and block_mapping any strides on the CPU.
@@ -316,6 +317,49 @@ static ks_status_t copy_blocks_cuda(ks_call *c, DLTensor *const *k_caches, DLTen
   return KS_OK;
 }
 
+static int cmp_i64(const void *a, const void *b) {
+  const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* kvcache.api._check_mapping for copy_blocks: the pairs run in parallel on the GPU (and in row order
+ * on the CPU), so a destination that is another pair's source (unless the pair copies a block onto
+ * itself) or a repeated destination would make the result depend on the order; both are refused,
+ * as in Python. O(N log N): the sources and the destinations sorted. */
+static ks_status_t check_pairs_apart(const ks_view *map) {
+  const int64_t n = map->shape[0];
+  if (n < 2) return KS_OK;
+  int64_t *srcs = malloc(2 * (size_t)n * sizeof *srcs);
+  if (srcs == NULL)
+    return ks_fail(KS_ERR_OUT_OF_MEMORY, "copy_blocks: could not allocate %zu bytes of CPU scratch",
+                   2 * (size_t)n * sizeof *srcs);
+  int64_t *dsts = srcs + n;
+  for (int64_t r = 0; r < n; r++) {
+    srcs[r] = ks_load_index(map->data, KS_DT_I64, r * map->strides[0]);
+    dsts[r] = ks_load_index(map->data, KS_DT_I64, r * map->strides[0] + map->strides[1]);
+  }
+  qsort(srcs, (size_t)n, sizeof *srcs, cmp_i64);
+  ks_status_t s = KS_OK;
+  for (int64_t r = 0; r < n && s == KS_OK; r++) {
+    const int64_t src = ks_load_index(map->data, KS_DT_I64, r * map->strides[0]);
+    const int64_t dst = dsts[r];
+    if (dst != src && bsearch(&dst, srcs, (size_t)n, sizeof *srcs, cmp_i64) != NULL)
+      s = ks_fail(KS_ERR_INVALID_ARGUMENT,
+                  "block_mapping: expected destinations that are no other pair's source (the pairs are copied in "
+                  "parallel), got destination %lld at row %lld, also a source", (long long)dst, (long long)r);
+  }
+  if (s == KS_OK) {
+    qsort(dsts, (size_t)n, sizeof *dsts, cmp_i64);
+    for (int64_t r = 1; r < n && s == KS_OK; r++)
+      if (dsts[r] == dsts[r - 1])
+        s = ks_fail(KS_ERR_INVALID_ARGUMENT,
+                    "block_mapping: expected distinct destinations (the pairs are copied in parallel), got "
+                    "destination %lld more than once", (long long)dsts[r]);
+  }
+  free(srcs);
+  return s;
+}
+
 static ks_status_t run_copy_blocks(ks_call *c, DLTensor *const *k_caches, DLTensor *const *v_caches,
                                    int32_t num_layers, const DLTensor *block_mapping) {
   char sb[160], kname[32], vname[32];
@@ -353,8 +397,8 @@ static ks_status_t run_copy_blocks(ks_call *c, DLTensor *const *k_caches, DLTens
                        j ? "destination" : "source", (long long)nb, (long long)b, (long long)r);
     }
   }
-  /* in row order; as in Python, a destination must not also be a source (the GPU runs the pairs in
-   * parallel) */
+  KS_TRY(check_pairs_apart(&map));
+  /* in row order (the pairs are independent once check_pairs_apart passed) */
   for (int32_t i = 0; i < num_layers; i++) {
     KS_TRY(layer_views(c, k_caches, v_caches, i, NULL, &kv, &vv, kname, vname));
     for (int64_t r = 0; r < n; r++) {

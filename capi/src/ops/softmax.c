@@ -155,6 +155,12 @@ static ks_status_t run_ce(ks_call *c, const DLTensor *logits, const DLTensor *ta
     KS_TRY(ks_check_contiguous(&vt));
     KS_TRY(ks_check_contiguous(&vl));
     KS_TRY(check_ce_memory(&o, &vl, &vx, &vt));
+    /* the AOT kernels take ignore_index as an int32 (launch.c refuses wider values by the kernel's
+     * parameter name): say so by the option's name, before any plan */
+    if (o.ignore_index < INT32_MIN || o.ignore_index > INT32_MAX)
+      return ks_fail(KS_ERR_UNSUPPORTED_SHAPE, "options.ignore_index: expected a value in the int32 range on CUDA "
+                     "(this build's kernels take an int32), got %lld; the CPU path takes any int64",
+                     (long long)o.ignore_index);
     KS_CUDA_DISPATCH(c, ce_fwd, vx.dtype, vt.dtype, ks_dev_ptr(c, &vx), ks_dev_ptr(c, &vt), ks_dev_ptr(c, &vl), rows,
                      v, sx, o.ignore_index, (double)o.label_smoothing, (double)o.z_loss, (double)o.softcap,
                      o.reduction);
