@@ -9,6 +9,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -306,6 +307,96 @@ def test_cache_does_not_hide_a_rejection(supports_calls):
     assert torch.equal(ks.rms_norm(x), _reference("rms_norm", (x, None)))
     assert dispatch.select("rms_norm", ks.AUTO, (x, None), {}).backend is Backend.REFERENCE
     assert len(supports_calls) == 3  # triton (contiguous), then triton and reference (permuted)
+
+
+def test_decision_made_before_a_config_change_is_not_reused(monkeypatch):
+    # One thread decides (triton) while another enters an override disabling triton; the first
+    # stores its decision after the override cleared the cache. Under the override the next call
+    # must not find it: KS_DISABLE would be ignored without a word.
+    deciding, changed = threading.Event(), threading.Event()
+
+    def slow(impl):
+        def supports(problem):
+            if threading.current_thread() is not threading.main_thread():
+                deciding.set()
+                assert changed.wait(10)
+            return impl.supports(problem)
+        return dataclasses.replace(impl, supports=supports)
+
+    monkeypatch.setitem(registry._IMPLS, "rms_norm", [slow(i) for i in registry._IMPLS["rms_norm"]])
+    dispatch.clear_cache()
+    args = _args("rms_norm", torch.randn(4, 64))
+    got = []
+    worker = threading.Thread(target=lambda: got.append(dispatch.select("rms_norm", ks.AUTO, args, {}).backend))
+    worker.start()
+    assert deciding.wait(10)
+    with ks.config.override(disable={"triton"}):
+        changed.set()
+        worker.join(10)
+        assert got == [Backend.TRITON], "the worker decided under the old configuration"
+        assert dispatch.select("rms_norm", ks.AUTO, args, {}).backend is Backend.REFERENCE
+
+
+def test_unhashable_backend_lists_valid_values():
+    with pytest.raises(ValueError, match=r"argument 'backend' must be one of auto, triton, .*got \['triton'\]"):
+        ks.rms_norm(torch.randn(2, 8), backend=["triton"])
+
+
+def test_triton_interpret_override_needs_the_environment(monkeypatch):
+    # Triton reads TRITON_INTERPRET itself: the override alone made AUTO pick Triton for CPU
+    # tensors that Triton then could not launch. Turning it off is always allowed.
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="needs TRITON_INTERPRET=1 in the environment"):
+        with ks.config.override(triton_interpret=True):
+            pass
+    with ks.config.override(triton_interpret=False):
+        assert ks.config.get().triton_interpret is False
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with ks.config.override(triton_interpret="1"):
+        assert ks.config.get().triton_interpret is True
+
+
+# ---- a family's own backend names (attention: SDPA's backends) -------------------------------
+
+
+def _decode_qkv():
+    # 1 query token against 32 keys: a "decode" shape, where AUTO's rules differ from a named request's
+    return torch.randn(1, 1, 2, 16), torch.randn(1, 32, 2, 16), torch.randn(1, 32, 2, 16)
+
+
+def test_explain_accepts_the_backends_the_op_runs():
+    q, k, v = _decode_qkv()
+    with ks.config.override(triton_interpret=False):
+        out = ks.flash_attention(q, k, v, backend="sdpa_flash")
+        exp = ks.explain("flash_attention", q, k, v, backend="sdpa_flash", verbose=False)
+        assert str(exp.chosen) == "sdpa_flash" and exp.error is None
+        assert torch.equal(out, ks.flash_attention(q, k, v, backend="sdpa_flash"))
+        with pytest.raises(ValueError, match="must be one of auto, .*sdpa_cudnn, sdpa_flash, sdpa_efficient, got 'sdpa'"):
+            ks.explain("flash_attention", q, k, v, backend="sdpa", verbose=False)
+
+
+def test_explain_of_a_named_family_backend_reports_the_run_error():
+    # explain judged a named sdpa_cudnn by AUTO's decode rule; the call itself raises torch's reason
+    q, k, v = _decode_qkv()
+    with pytest.raises(ks.UnsupportedError) as info:
+        ks.flash_attention(q, k, v, backend="sdpa_cudnn")
+    exp = ks.explain("flash_attention", q, k, v, backend="sdpa_cudnn", verbose=False)
+    assert exp.chosen is None and exp.error == str(info.value)
+
+
+@pytest.mark.xfail(strict=True, reason="ops/attention/backends.py _flash_key omits empty sequences, which torch's "
+                                       "SDPA verdicts (problem attrs['sdpa']) depend on: see the dispatch audit")
+def test_flash_attention_key_separates_empty_sequences():
+    # Same key for Sq = Sk = 4 and Sq = Sk = 0, but torch's fused kernels refuse empty sequences:
+    # after a cached sdpa choice an empty call runs SDPA (on CUDA: "No available kernel").
+    def qkv(s):
+        return [torch.randn(1, s, 2, 8) for _ in range(3)]
+    with ks.config.override(triton_interpret=False):
+        ks.flash_attention(*qkv(4))
+        empty = qkv(0)
+        assert ks.explain("flash_attention", *empty, verbose=False).chosen is Backend.REFERENCE
+        assert dispatch.select("flash_attention", ks.AUTO, tuple(empty) + (None, None),
+                               {"request": "auto"}).backend is Backend.REFERENCE
 
 
 # ---- the catalog ---------------------------------------------------------------------------

@@ -97,11 +97,19 @@ def _from_env(environ: os._Environ | dict[str, str] = os.environ) -> Config:
 
 
 _current: Config = _from_env()
+_generation = 0
 _listeners: list[Callable[[], None]] = []
 
 
 def get() -> Config:
     return _current
+
+
+def generation() -> int:
+    """How many times the configuration has changed. Caches of decisions key on it, so a decision
+    made under an older configuration is never reused: clearing alone is not enough when another
+    thread stores a decision it made before the change after the listeners ran."""
+    return _generation
 
 
 def on_change(fn: Callable[[], None]) -> None:
@@ -110,8 +118,9 @@ def on_change(fn: Callable[[], None]) -> None:
 
 
 def _set(cfg: Config) -> None:
-    global _current
+    global _current, _generation
     _current = cfg
+    _generation += 1  # after the new config is visible: a reader of the new generation sees it
     for fn in _listeners:
         fn()
 
@@ -122,18 +131,33 @@ def reload() -> Config:
     return _current
 
 
+def _interpreter_env() -> bool:
+    try:
+        return _parse_bool(os.environ.get("TRITON_INTERPRET", ""))
+    except ValueError:
+        return False
+
+
 def _coerce(field: str, value: Any) -> Any:
     flag = next((f for f in FLAGS if f.field == field), None)
     if flag is None:
         valid = ", ".join(f.field for f in FLAGS)
         raise ValueError(f"unknown config field {field!r}; valid fields: {valid}")
     if isinstance(value, str):
-        return flag.parse(value)
-    if field == "disable":
-        return _parse_disable(",".join(str(Backend.parse(v)) for v in value))
-    if field == "backend":
-        return {str(k): Backend.parse(v, what=f"backend for {k!r}") for k, v in dict(value).items()}
-    return type(flag.default)(value)
+        value = flag.parse(value)
+    elif field == "disable":
+        value = _parse_disable(",".join(str(Backend.parse(v)) for v in value))
+    elif field == "backend":
+        value = {str(k): Backend.parse(v, what=f"backend for {k!r}") for k, v in dict(value).items()}
+    else:
+        value = type(flag.default)(value)
+    if field == "triton_interpret" and value and not _interpreter_env():
+        # The flag only tells the dispatcher that Triton runs CPU tensors; Triton itself reads the
+        # environment variable when its kernels are defined. Turned on here alone, AUTO picked
+        # Triton for CPU tensors and the launch failed ("0 active drivers").
+        raise ValueError("triton_interpret=True needs TRITON_INTERPRET=1 in the environment before Triton's kernels "
+                         "are defined (Triton reads it itself); an override can only turn it off")
+    return value
 
 
 @contextlib.contextmanager

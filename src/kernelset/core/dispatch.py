@@ -9,13 +9,14 @@ repeated call costs a dict lookup. A named backend (argument or ``KS_BACKEND``) 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import sys
 from typing import Any
 
 from . import config
-from .enums import AUTO, Backend
+from .enums import AUTO, Backend, KsEnum
 from .errors import UnsupportedError
-from .registry import _OPS, Impl, OpSpec, Problem, impls, op
+from .registry import _IMPLS, _OPS, Impl, OpSpec, Problem, impls, op
 
 _cache: dict[tuple, Impl] = {}
 config.on_change(_cache.clear)
@@ -32,20 +33,22 @@ def _check_forced_ops() -> None:
         raise ValueError(f"KS_BACKEND names unknown op(s) {', '.join(unknown)}; declared ops: {', '.join(sorted(_OPS))}")
 
 
-def _requested(spec: OpSpec, backend: str | Backend) -> Backend | None:
-    """The backend a call names (argument first, then KS_BACKEND), None for AUTO."""
+def _requested(spec: OpSpec, backend: object) -> Backend | KsEnum | None:
+    """The backend a call names (argument first, then KS_BACKEND), None for AUTO. A name is a
+    core :class:`Backend` or the backend of one of this op's implementations (the attention
+    family registers SDPA's backends under names of its own)."""
     _check_forced_ops()
-    if backend != AUTO:
-        if isinstance(backend, Backend):
-            return backend
-        if isinstance(backend, str) and backend.strip().lower() == AUTO:
+    if isinstance(backend, Backend):
+        return backend
+    if isinstance(backend, str):
+        name = backend.strip().lower()
+        if name == AUTO:
             return config.get().backend.get(spec.name)
-        valid = ", ".join([AUTO] + [b.value for b in Backend])
-        try:
-            return Backend.parse(backend)
-        except ValueError:
-            raise ValueError(f"{spec.name}: argument 'backend' must be one of {valid}, got {backend!r}") from None
-    return config.get().backend.get(spec.name)
+        for b in (*Backend, *(i.backend for i in _IMPLS.get(spec.name, ()))):
+            if b.value == name:
+                return b
+    valid = ", ".join(dict.fromkeys([AUTO, *(b.value for b in Backend), *(str(i.backend) for i in impls(spec.name))]))
+    raise ValueError(f"{spec.name}: argument 'backend' must be one of {valid}, got {backend!r}")
 
 
 def rejection(impl: Impl, problem: Problem, *, backward: bool = False) -> str | None:
@@ -64,7 +67,7 @@ def rejection(impl: Impl, problem: Problem, *, backward: bool = False) -> str | 
         return f"supports() raised {type(exc).__name__}: {exc}"
 
 
-def _resolve(spec: OpSpec, requested: Backend | None, problem: Problem, backward: bool) -> Impl:
+def _resolve(spec: OpSpec, requested: Backend | KsEnum | None, problem: Problem, backward: bool) -> Impl:
     cfg = config.get()
     candidates = impls(spec.name)
     if requested is not None:
@@ -96,10 +99,18 @@ def _resolve(spec: OpSpec, requested: Backend | None, problem: Problem, backward
 
 
 def select(name: str, backend: str | Backend, args: tuple, kwargs: dict, *, backward: bool = False) -> Impl:
-    """The implementation to run for this call; cached per (op, request, problem key)."""
+    """The implementation to run for this call; cached per (configuration, op, request, problem key).
+
+    The configuration's generation is part of the key: a decision made under another
+    configuration (a ``config.override`` entered by another thread while this one decided) is
+    never found again, even when it is stored after the change cleared the cache."""
     spec = _OPS.get(name) or op(name)
-    ck = (name, backend, backward, spec.key(*args, **kwargs))
-    impl = _cache.get(ck)
+    ck = (config.generation(), name, backend, backward, spec.key(*args, **kwargs))
+    try:
+        impl = _cache.get(ck)
+    except TypeError:  # an unhashable backend argument: the error that lists the valid names
+        _requested(spec, backend)
+        raise
     if impl is None:
         problem = spec.problem(*args, **kwargs)
         impl = _resolve(spec, _requested(spec, backend), problem, backward)
@@ -119,8 +130,8 @@ class Candidate:
 class Explanation:
     op: str
     problem: Problem
-    requested: Backend | None
-    chosen: Backend | None
+    requested: Backend | KsEnum | None
+    chosen: Backend | KsEnum | None
     candidates: tuple[Candidate, ...]
     error: str | None = None
 
@@ -153,8 +164,14 @@ def explain(name: str, *args: Any, backend: str | Backend = AUTO, backward: bool
             verbose: bool = True, **kwargs: Any) -> Explanation:
     """Ordered candidates for this call, which one wins, and why each other was rejected."""
     spec = op(name)
-    problem = spec.problem(*args, **kwargs)
     requested = _requested(spec, backend)
+    if "request" in inspect.signature(spec.problem).parameters:
+        # as the family's own select tells its problem function (the attention ops: a named
+        # backend is not held to AUTO's measured table or its decode rules), so that explain
+        # judges the call that runs
+        auto = isinstance(backend, str) and backend.strip().lower() == AUTO
+        kwargs.setdefault("request", AUTO if auto else str(requested))
+    problem = spec.problem(*args, **kwargs)
     chosen, error = None, None
     try:
         chosen = _resolve(spec, requested, problem, backward).backend
