@@ -25,7 +25,9 @@ def test_verify_without_interpreter_env_runs_triton_kernels():
     (["explain", "rms_norm", "--shape", "4xx"], "shape must look like 4096x8192, got '4xx'"),
     (["explain", "rms_norm", "--shape", "4"], "rms_norm: cannot build example inputs from --shape 4"),
     (["plan", "--model", __file__], "is not a readable JSON config"),
-], ids=["empty-dim", "too-few-dims", "not-json"])
+    # a negative --tokens used to end in torch.empty's RuntimeError traceback
+    (["plan", "--model", "llama-3-8b", "--tokens", "-5"], "tokens must be a positive integer, got -5"),
+], ids=["empty-dim", "too-few-dims", "not-json", "negative-tokens"])
 def test_bad_arguments_get_a_clear_message(argv, message, capsys):
     # one line naming what is wrong, exit code 2: not a traceback, not "not enough values to unpack"
     from kernelset import cli

@@ -124,6 +124,70 @@ def test_other_models_of_the_family_stay_unpatched():
         assert handle.counts["apply_rotary"] == 2
 
 
+def test_two_kernelized_models_of_a_family_count_their_own_calls():
+    """Two kernelized models at once (policy and reference model, draft and target): the attention
+    function transformers calls is one per process, and used to count every model's calls into the
+    handle of the last kernelize; the second model's rotary stayed torch (the module function was
+    already the first model's patch). Each now runs and counts its own, in either restore order."""
+    a, b = tiny_model("llama"), tiny_model("llama")
+    mod = sys.modules[type(a.model.layers[0].self_attn).__module__]
+    rope_fn = mod.apply_rotary_pos_emb
+    ids = torch.randint(0, 128, (1, 5), device=DEVICE)
+    want_b = logits(b, ids)
+    ha, hb = kernelize(a), kernelize(b)
+    try:
+        logits(a, ids)
+        assert hb.counts == {}, hb.counts
+        assert ha.counts["apply_rotary"] == 2
+        if ks.hf.patching.attention_available():
+            assert ha.counts["flash_attention"] == 2
+        ha.reset_counts()
+        got_b = logits(b, ids)
+        assert ha.counts == {} and hb.counts["apply_rotary"] == 2, (ha.counts, hb.counts)
+        ha.restore()  # b keeps its kernels until its own restore
+        logits(b, ids)
+        assert hb.counts["apply_rotary"] == 4 and mod.apply_rotary_pos_emb is not rope_fn
+    finally:
+        ha.restore()
+        hb.restore()
+    assert mod.apply_rotary_pos_emb is rope_fn
+    assert rel_err(got_b, want_b) < 1e-5 and torch.equal(logits(b, ids), want_b)
+
+
+def test_deepcopy_of_a_kernelized_model_is_a_plain_copy():
+    """copy.deepcopy of a kernelized model (TRL's reference model, an EMA copy) used to raise
+    TypeError: cannot pickle '_thread._local' object; a copy of a patched submodule ran closures
+    over the original's modules. The copy is now the plain model: its own weights, no patches,
+    hooks or handle, the attention implementation it had, no calls counted for the original."""
+    model = tiny_model("llama")
+    ids = torch.randint(0, 128, (1, 6), device=DEVICE)
+    base = logits(model, ids)
+    with kernelize(model) as handle:
+        twin = copy.deepcopy(model)
+        layer = copy.deepcopy(model.model.layers[0])
+        handle.reset_counts()
+        assert torch.equal(logits(twin, ids), base) and handle.counts == {}
+        for m in (twin, layer):
+            assert not any(k in sub.__dict__ for sub in m.modules() for k in ("forward", "__deepcopy__")), m
+        assert twin.config._attn_implementation == "eager" and "_ks_kernelized" not in twin.__dict__
+        assert not twin._forward_pre_hooks and not twin.model._forward_hooks
+        assert "_loss_function" not in twin.__dict__
+        a, b = twin.model.layers[0].self_attn.q_proj, twin.model.layers[0].self_attn.k_proj
+        assert not _shares(a, b)  # the copy's projections have their own storage
+        with torch.no_grad():
+            for p in twin.parameters():
+                p.mul_(0.5)
+            for p in layer.parameters():
+                p.zero_()
+        assert not torch.equal(logits(twin, ids), base) and torch.equal(logits(model, ids), logits(model, ids))
+        x = torch.randn(1, 6, 64, device=DEVICE)
+        with torch.no_grad():  # the zeroed copy of the layer computes with its own (zero) weights
+            pe = model.model.rotary_emb(x, torch.arange(6, device=DEVICE)[None])
+            assert torch.equal(layer(x, position_embeddings=pe), x)
+    assert not any("__deepcopy__" in m.__dict__ for m in model.modules())
+    assert torch.equal(logits(model, ids), base)
+
+
 def test_unmatched_module_is_left_alone_and_reported():
     model = tiny_model("llama")
     norm = model.model.layers[0].input_layernorm
@@ -306,6 +370,31 @@ def test_training_forward_builds_no_cache():
         with torch.no_grad():
             model.eval()
             assert model(input_ids=ids, labels=ids).past_key_values is not None  # evaluation: the default
+
+
+def test_fused_lm_head_loss_only_for_training_calls():
+    """The fused LM head + loss (logits None) is for a training forward only. An evaluation with
+    labels (Trainer.evaluate feeds compute_metrics the logits) used to get logits=None, and a
+    ``return_dict=False`` call with labels crashed ('tuple' object has no attribute
+    'last_hidden_state'); both now get what the unpatched model returns."""
+    model = tiny_model("llama")  # from_config: eval mode, as from_pretrained returns it
+    ids = torch.randint(0, 128, (2, 7), device=DEVICE)
+    with torch.no_grad():
+        want = model(input_ids=ids, labels=ids)
+        want_tuple = model(input_ids=ids, labels=ids, return_dict=False)
+    with kernelize(model, mode="training") as handle:
+        assert any(p.rule == "linear_cross_entropy" for p in handle.patched), handle.report()
+        with torch.no_grad():
+            got = model(input_ids=ids, labels=ids)
+            got_tuple = model(input_ids=ids, labels=ids, return_dict=False)
+        assert got.logits is not None and rel_err(got.logits, want.logits) < 1e-5
+        assert rel_err(got.loss, want.loss) < 1e-5
+        assert len(got_tuple) == len(want_tuple) and rel_err(got_tuple[1], want_tuple[1]) < 1e-5
+        model.train()
+        handle.reset_counts()
+        train = model(input_ids=ids, labels=ids)  # a training forward: fused, logits never stored
+        assert train.logits is None and handle.counts["linear_cross_entropy"] == 1
+        assert rel_err(train.loss, want.loss) < 1e-5
 
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen3", "gemma2", "mistral"])

@@ -178,6 +178,43 @@ def test_bad_arguments():
         plan("llama-3-8b", dtype="fp6")
     with pytest.raises(ValueError, match="unknown GPU"):
         plan("llama-3-8b", gpu="tpu")
+    # --tokens -5 used to reach torch.empty and end in a RuntimeError traceback
+    for bad in (0, -5):
+        with pytest.raises(ValueError, match="tokens must be a positive integer"):
+            plan("llama-3-8b", tokens=bad)
+
+
+# Gemma 3's config.json on the hub states in its text_config only what differs from the 4B model
+# (no heads, kv heads, head_dim or vocab_size): plan used to end in KeyError 'num_attention_heads'
+# (a traceback from ksctl). The missing fields come from transformers' config class, as the model
+# itself would read them.
+GEMMA3_4B_HUB = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+                 "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                                 "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                                 "sliding_window": 1024},
+                 "vision_config": {"model_type": "siglip_vision_model"}}
+
+
+def test_partial_text_config_gets_the_model_types_defaults(tmp_path):
+    pytest.importorskip("transformers")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(GEMMA3_4B_HUB))
+    p = plan(str(path))
+    f = p.facts
+    assert (f.heads, f.kv_heads, f.head_dim, f.vocab, f.layers) == (8, 4, 256, 262208, 34)
+    assert f.sliding_window == 1024 and f.sliding_layers == 29  # 5 sliding : 1 global over 34 layers
+    assert f.rope["type"] == "linear" and f.rope["factor"] == 8.0
+    assert json.loads(json.dumps(p.to_dict()))["facts"]["head_dim"] == 256
+
+
+def test_missing_fields_without_transformers_get_a_clear_error(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(__import__("sys").modules, "transformers", None)  # import transformers -> ImportError
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(GEMMA3_4B_HUB))
+    with pytest.raises(ValueError, match="no num_attention_heads, vocab_size .*transformers is not installed"):
+        plan(str(path))
+    assert cli.main(["plan", "--model", str(path)]) == 2
+    assert "no num_attention_heads" in capsys.readouterr().err
 
 
 # ---- the command line ----------------------------------------------------------------------------

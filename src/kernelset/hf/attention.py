@@ -14,12 +14,19 @@ kernelize report says so.
 """
 from __future__ import annotations
 
+import collections
 import sys
+import weakref
 from typing import Any
 
 import torch
 
 NAME = "kernelset"
+
+# the counting ops of the kernelize call that owns each attention module: the registered function is
+# global (one per process), so two kernelized models each count their own calls, and a model whose
+# handle is gone counts nowhere
+_OWNERS: "weakref.WeakKeyDictionary[torch.nn.Module, Any]" = weakref.WeakKeyDictionary()
 
 
 def available() -> bool:
@@ -54,10 +61,20 @@ def _fallback(module, query, key, value, attention_mask, scaling, dropout, slidi
                  softcap=softcap, **kwargs)
 
 
-def make_attention(ops: Any):
-    """The attention function transformers calls: (module, q, k, v [B, H, S, D], mask, ...) -> ([B, S, H, D], None)."""
+def make_attention(ops: Any = None):
+    """The attention function transformers calls: (module, q, k, v [B, H, S, D], mask, ...) -> ([B, S, H, D], None).
+    ``ops``: the ops it calls; None: those of the kernelize call that owns ``module`` (uncounted if none)."""
+    fixed = ops
+
     def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
                   softcap=None, **kwargs):
+        if fixed is None:
+            ops = _OWNERS.get(module)
+            if ops is None:
+                from .patching import _PLAIN
+                ops = _Uncounted(_PLAIN)
+        else:
+            ops = fixed
         sinks = kwargs.get("s_aux")
         if attention_mask is not None or (module.training and dropout > 0.0):
             ops.counts["attention_fallback"] += 1
@@ -77,6 +94,35 @@ def make_attention(ops: Any):
     return attention
 
 
+class _Uncounted:
+    """Ops with a ``counts`` that nobody reads (attention modules of no kernelized model)."""
+
+    def __init__(self, ops: Any) -> None:
+        self._ops = ops
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ops, name)
+
+
+def _configs(model: torch.nn.Module) -> list[Any]:
+    """Every config whose attention implementation ``set_attn_implementation`` may change: the
+    model's and its submodels', and their sub-configs (text_config, vision_config ...)."""
+    out: dict[int, Any] = {}
+    todo = [m.config for m in model.modules() if getattr(m, "config", None) is not None
+            and hasattr(m.config, "_attn_implementation_internal")]
+    while todo:
+        cfg = todo.pop()
+        if id(cfg) in out:
+            continue
+        out[id(cfg)] = cfg
+        for key in getattr(cfg, "sub_configs", None) or ():
+            sub = getattr(cfg, key, None)
+            if sub is not None and hasattr(sub, "_attn_implementation_internal"):
+                todo.append(sub)
+    return list(out.values())
+
+
 def patch(handle: Any, model: torch.nn.Module, ops: frozenset[str] | None) -> None:
     """Register and select the "kernelset" attention implementation on ``model`` (undone by restore)."""
     from .patching import Patched, Skipped
@@ -91,15 +137,29 @@ def patch(handle: Any, model: torch.nn.Module, ops: frozenset[str] | None) -> No
         return
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
-    AttentionInterface.register(NAME, make_attention(handle.ops))
+    AttentionInterface.register(NAME, make_attention())
     AttentionMaskInterface.register(NAME, flash_attention_mask)
     previous = cfg._attn_implementation
+    before = [(c, c._attn_implementation_internal) for c in _configs(model)]
+
+    def undo() -> None:  # each config's own value back (a composite model's may differ per sub-config)
+        for c, value in before:
+            c._attn_implementation_internal = value
+    handle._undo.append(undo)
     model.set_attn_implementation(NAME)
     if cfg._attn_implementation != NAME:
         handle.skipped.append(Skipped("attention", type(model).__name__,
                                       "the model does not let its attention implementation be set"))
         return
-    handle._undo.append(lambda: model.set_attn_implementation(previous))
+    handle._configs += before
+    mods = [m for m in model.modules() if m not in _OWNERS]
+    for m in mods:
+        _OWNERS[m] = handle.ops
+
+    def disown() -> None:
+        for m in mods:
+            _OWNERS.pop(m, None)
+    handle._undo.append(disown)
     handle.patched.append(Patched("attention", "config._attn_implementation", f"{previous} -> {NAME}",
                                   ("flash_attention",)))
 

@@ -261,6 +261,12 @@ class Kernelized:
         self.skipped: list[Skipped] = []
         self.left_to_torch: list[str] = []  # whole ops kernelset does not provide yet
         self._undo: list[Callable[[], None]] = []
+        # what a deep copy of the model must not carry over (``_deepcopy``): instance attributes set
+        # on modules (module, name, had one before, the value before), hooks (module, hook id), and
+        # the attention implementation of every config (config, its value before)
+        self._attrs: list[tuple[nn.Module, str, bool, Any]] = []
+        self._hooks: list[tuple[nn.Module, int]] = []
+        self._configs: list[tuple[Any, Any]] = []
         self.active = True
         self.graphs = None  # graphs.LayerGraphs with cuda_graphs=True
 
@@ -287,6 +293,62 @@ class Kernelized:
 
     def __enter__(self) -> "Kernelized":
         return self
+
+    def _guard_copies(self) -> None:
+        """``copy.deepcopy`` of the model, or of any module kernelize touched, gives a plain copy.
+
+        The replacements are closures over the original modules (a copy would run the original's
+        weights) and the hooks and handle hold thread-locals (which cannot be copied at all), so each
+        such module gets an instance ``__deepcopy__`` (removed by ``restore()``) that copies it
+        without them: the copy's own forwards, no hooks, the attention implementation it had."""
+        seen: set[int] = set()
+        mods = [self.model, *(m for m, *_ in self._attrs), *(m for m, _ in self._hooks)]
+        for m in mods:
+            if id(m) in seen or "__deepcopy__" in m.__dict__:
+                continue
+            seen.add(id(m))
+            object.__setattr__(m, "__deepcopy__", lambda memo, m=m: self._deepcopy(m, memo))
+            self._undo.append(lambda m=m: m.__dict__.pop("__deepcopy__", None))
+
+    def _deepcopy(self, m: nn.Module, memo: dict) -> nn.Module:
+        own = m.__dict__.pop("__deepcopy__")
+        for o in (self, self.ops, self.scope):  # shared, not copied (the copy drops them below)
+            memo.setdefault(id(o), o)
+        # the modules copied inside this copy are cleaned once it is done (a parent's copy is still
+        # empty while its children are copied)
+        outer = ("kernelset.hf", id(self)) not in memo
+        memo[("kernelset.hf", id(self))] = True
+        try:
+            c = copy.deepcopy(m, memo)
+        finally:
+            object.__setattr__(m, "__deepcopy__", own)
+            if outer:
+                del memo[("kernelset.hf", id(self))]
+        if outer:
+            self._clean_copies(memo)
+        return c
+
+    def _clean_copies(self, memo: dict) -> None:
+        """Undo kernelize on the copies ``memo`` holds of the modules and configs it changed."""
+        for mod, name, had, old in self._attrs:
+            cm = memo.get(id(mod))
+            if cm is not None and cm is not mod:
+                if had:
+                    cm.__dict__[name] = old
+                else:
+                    cm.__dict__.pop(name, None)
+        for mod, hid in self._hooks:
+            cm = memo.get(id(mod))
+            if cm is not None and cm is not mod and "_forward_hooks" in cm.__dict__:
+                for hooks in (cm._forward_pre_hooks, cm._forward_hooks, cm._forward_hooks_always_called):
+                    hooks.pop(hid, None)
+        for cfg, value in self._configs:
+            cc = memo.get(id(cfg))
+            if cc is not None and cc is not cfg:
+                cc._attn_implementation_internal = value
+        cm = memo.get(id(self.model))
+        if cm is not None and cm is not self.model:
+            cm.__dict__.pop("_ks_kernelized", None)
 
     def __exit__(self, *exc: Any) -> None:
         self.restore()
@@ -330,6 +392,7 @@ def _set_method(handle: Kernelized, m: nn.Module, name: str, fn: Callable) -> No
     had = name in m.__dict__
     old = m.__dict__.get(name)
     object.__setattr__(m, name, fn)
+    handle._attrs.append((m, name, had, old))
 
     def undo() -> None:
         if had:
@@ -403,6 +466,7 @@ class _Scope:
             post = r.register_forward_hook(self.leave, always_call=True)
             handle._undo.append(pre.remove)
             handle._undo.append(post.remove)
+            handle._hooks += [(r, pre.id), (r, post.id)]
 
 
 class _RotaryPatch:
@@ -410,10 +474,12 @@ class _RotaryPatch:
 
     The table layout (full, half-width, interleaved) is known only from a real call, so each new
     shape signature is probed once against the original (fp32, reference backend) and the
-    matching variant is cached; a signature no variant matches runs the original and is reported."""
+    matching variant is cached; a signature no variant matches runs the original and is reported.
+    One patch per function serves every kernelized model of the family (``handles``): a call runs
+    kernelset's op, counted for the model it is inside, and the original outside them all."""
 
     def __init__(self, handle: Kernelized, module: Any, name: str, original: Callable) -> None:
-        self.handle, self.module, self.name, self.original = handle, module, name, original
+        self.handles, self.module, self.name, self.original = [handle], module, name, original
         self.where = f"{module.__name__.rsplit('.', 1)[-1]}.{name}"
         sig = inspect.signature(original)
         self.params = list(sig.parameters)
@@ -455,7 +521,8 @@ class _RotaryPatch:
         return None
 
     def __call__(self, q, k, cos, sin, *args, **kwargs):
-        if not self.handle.scope.inside():  # another model of this family, not kernelized
+        handle = next((h for h in reversed(self.handles) if h.scope.inside()), None)
+        if handle is None:  # another model of this family, not kernelized
             return self.original(q, k, cos, sin, *args, **kwargs)
         u = self._unsqueeze(args, kwargs)
         sig = (q.dim(), q.shape[-1], k.shape[-1], cos.dim(), cos.shape[-1], u, q.dtype, cos.dtype, q.device.type)
@@ -467,7 +534,7 @@ class _RotaryPatch:
         v = self.choice[sig]
         if v is None or q.dtype != k.dtype:
             return self.original(q, k, cos, sin, *args, **kwargs)
-        return v.run(self.handle.ops, q, k, cos, sin, u)
+        return v.run(handle.ops, q, k, cos, sin, u)
 
 
 def _model_modules(model: nn.Module) -> list[Any]:
@@ -483,11 +550,21 @@ def _patch_rotary(handle: Kernelized, model: nn.Module, ops: frozenset[str] | No
     for mod in _model_modules(model):
         for name in mapping.ROTARY_FUNCTIONS:
             fn = mod.__dict__.get(name)
-            if not callable(fn) or isinstance(fn, _RotaryPatch):
+            if isinstance(fn, _RotaryPatch):  # another kernelized model of this family patched it
+                patch = fn
+                patch.handles.append(handle)
+            elif callable(fn):
+                patch = _RotaryPatch(handle, mod, name, fn)
+                setattr(mod, name, patch)
+            else:
                 continue
-            patch = _RotaryPatch(handle, mod, name, fn)
-            setattr(mod, name, patch)
-            handle._undo.append(lambda mod=mod, name=name, fn=fn: setattr(mod, name, fn))
+
+            def undo(mod=mod, name=name, patch=patch) -> None:  # the original back with the last model
+                if handle in patch.handles:
+                    patch.handles.remove(handle)
+                if not patch.handles and mod.__dict__.get(name) is patch:
+                    setattr(mod, name, patch.original)
+            handle._undo.append(undo)
             handle.patched.append(Patched("rotary", patch.where, "variant probed per shape at first call",
                                           ("apply_rotary",)))
             out.append(patch)
@@ -520,6 +597,7 @@ def _patch_loss(handle: Kernelized, model: nn.Module, ops: frozenset[str] | None
     had = "_loss_function" in model.__dict__
     old = model.__dict__.get("_loss_function")
     model.loss_function = mapping.causal_lm_loss(handle.ops)
+    handle._attrs.append((model, "_loss_function", had, old))
 
     def undo() -> None:
         if had:
@@ -530,10 +608,12 @@ def _patch_loss(handle: Kernelized, model: nn.Module, ops: frozenset[str] | None
     handle.patched.append(Patched("causal_lm_loss", "loss_function", "ForCausalLMLoss", ("cross_entropy",)))
 
 
-def _lce_forward(model: nn.Module, ops: Any, original: Callable) -> Callable:
+def _lce_forward(model: nn.Module, ops: Any, original: Callable, *, probe: bool = False) -> Callable:
     """The causal LM's forward with the LM head and the loss fused (``linear_cross_entropy``) when
-    labels are given: the ``[T, V]`` logits are never materialized and ``logits`` is None. Without
-    labels (generation, evaluation) the original forward runs."""
+    labels are given to the model in training mode: the ``[T, V]`` logits are never materialized
+    and ``logits`` is None. Otherwise (generation; evaluation, whose metrics read the logits; a
+    ``return_dict=False`` call, whose tuple has the logits at index 1) the original forward runs.
+    ``probe``: fuse whenever labels are given (kernelize's probe, on a model that may be in eval mode)."""
     from transformers.modeling_outputs import CausalLMOutputWithPast
     base = getattr(model, model.base_model_prefix)
     head = model.lm_head
@@ -548,7 +628,9 @@ def _lce_forward(model: nn.Module, ops: Any, original: Callable) -> Callable:
                 labels=None, use_cache=None, logits_to_keep=0, **kwargs):
         if past_key_values is not None:  # (passed on only when given: newer transformers names it `cache`)
             kwargs["past_key_values"] = past_key_values
-        if labels is None:
+        if labels is None or not (model.training or probe) or kwargs.get("return_dict") is False:
+            if labels is not None:
+                kwargs["labels"] = labels
             return original(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                             inputs_embeds=inputs_embeds, use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs)
         num_items = kwargs.pop("num_items_in_batch", None)
@@ -584,7 +666,7 @@ def _patch_lce(handle: Kernelized, model: nn.Module, ops: frozenset[str] | None)
         handle.skipped.append(Skipped("linear_cross_entropy", where, "no lm_head / base model to split at"))
         return
     original = model.forward
-    ours = _lce_forward(model, _PLAIN, original)
+    ours = _lce_forward(model, _PLAIN, original, probe=True)
     vocab = model.lm_head.out_features
     dev = model.lm_head.weight.device
     ids = torch.randint(0, vocab, (2, 6), device=dev)
@@ -710,6 +792,7 @@ def kernelize(model: nn.Module, *, mode: Mode | str = Mode.INFERENCE,
         handle.restore()
         raise
     object.__setattr__(model, "_ks_kernelized", handle)
+    handle._guard_copies()
     handle.reset_counts()  # the probes ran patched modules on the reference backends
     return handle
 

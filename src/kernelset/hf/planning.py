@@ -65,7 +65,42 @@ def load_config(spec: str | dict) -> tuple[dict[str, Any], str]:
         text = dict(cfg["text_config"])
         text.setdefault("model_type", cfg.get("model_type", "?") + "_text")
         cfg = text
-    return cfg, source
+    return _with_defaults(cfg, spec if isinstance(spec, str) else source), source
+
+
+# the fields ``facts`` cannot do without; a config.json may leave them out where they equal the
+# defaults of the model's transformers config class (Gemma 3's ``text_config`` states only what
+# differs from the 4B model: no heads, head_dim or vocab_size)
+REQUIRED = ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
+
+
+def _with_defaults(cfg: dict[str, Any], what: str) -> dict[str, Any]:
+    """``cfg`` as transformers reads it when a required field is missing: the values of its config
+    class (built from ``cfg``, so derived fields such as ``layer_types`` follow the stated layer
+    count) under the stated ones. Without transformers, or for an unknown model_type, a ValueError
+    names the missing fields."""
+    missing = [k for k in REQUIRED if cfg.get(k) is None]
+    if not missing:
+        return cfg
+    mt = cfg.get("model_type")
+    why = "transformers is not installed"
+    try:
+        from transformers import AutoConfig
+        values = {k: v for k, v in cfg.items() if k != "model_type"}
+        obj = AutoConfig.for_model(mt, **values)
+        # (and the class's own names for them: GPT-2's n_embd is read as hidden_size)
+        full = {**obj.to_dict(), **{k: getattr(obj, k, None) for k in missing}}
+    except ImportError:
+        full = None
+    except Exception as exc:  # an unknown model_type, or values its config class rejects
+        full, why = None, f"transformers cannot build a {mt!r} config from it ({type(exc).__name__}: {exc})"
+    if full is not None:
+        filled = {**full, **{k: v for k, v in cfg.items() if v is not None or k not in full}}
+        if all(filled.get(k) is not None for k in REQUIRED):
+            return filled
+        why = f"transformers' {mt!r} config class has no default for them either"
+    raise ValueError(f"--model {what!r}: the config has no {', '.join(missing)} and they cannot be filled in "
+                     f"from its model_type's defaults ({why})")
 
 
 def _rope(cfg: dict) -> dict[str, Any]:
@@ -422,6 +457,9 @@ def plan(model: str | dict, *, gpu: str | GPU = "h100", dtype: str = "bf16", mod
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if mode not in ("inference", "training"):
         raise ValueError(f"mode must be 'inference' or 'training', got {mode!r}")
+    for arg, v in (("tokens", tokens), ("decode_batch", decode_batch)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{arg} must be a positive integer, got {v!r}")
     g = gpu if isinstance(gpu, GPU) else find_gpu(gpu)
     f = facts(cfg)
     act, gemm, degraded = _precision(dtype, g)
