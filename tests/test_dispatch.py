@@ -384,8 +384,6 @@ def test_explain_of_a_named_family_backend_reports_the_run_error():
     assert exp.chosen is None and exp.error == str(info.value)
 
 
-@pytest.mark.xfail(strict=True, reason="ops/attention/backends.py _flash_key omits empty sequences, which torch's "
-                                       "SDPA verdicts (problem attrs['sdpa']) depend on: see the dispatch audit")
 def test_flash_attention_key_separates_empty_sequences():
     # Same key for Sq = Sk = 4 and Sq = Sk = 0, but torch's fused kernels refuse empty sequences:
     # after a cached sdpa choice an empty call runs SDPA (on CUDA: "No available kernel").

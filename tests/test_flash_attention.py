@@ -859,3 +859,37 @@ def test_kernels_compile_for_sm90_and_sm80():
     """Forward, dK/dV and dQ kernels compile for sm_90 (D 64, 128 with every option, 192/128, 256)
     and sm_80 (D 128, 256) with the policy's tiles, without spills, with vector loads."""
     compile_report(_AOT, 22)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("how", ["pointer+2", "row-of-65"], ids=["unaligned-pointer", "unaligned-row-stride"])
+def test_gpu_auto_on_misaligned_views_matches_reference(how):
+    """SDPA's CUDA kernels assume 16-byte aligned pointers and strides without checking: on such
+    bf16 views AUTO used to pick cuDNN, which returned wrong results with no error (H100, torch
+    2.11; flash faulted). Those views now go to a backend that honours them."""
+    b, s, h, d = 2, 256, 8, 64
+    if how == "pointer+2":
+        bufs = [torch.randn(b * s * h * d + 1, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+        q, k, v = (t[1:].view(b, s, h, d) for t in bufs)
+    else:
+        q, k, v = (torch.randn(b, s, h, d + 1, device="cuda", dtype=torch.bfloat16)[..., :d] for _ in range(3))
+    assert not BK._aligned16(q, k, v)
+    out = ks.flash_attention(q, k, v, causal=True)
+    want = _ref(*(t.float() for t in (q, k, v)), causal=True)[0]
+    _close(out.float(), want, torch.bfloat16, False, f"out ({ks.explain('flash_attention', q, k, v, causal=True, verbose=False).chosen})")
+
+
+@pytest.mark.gpu
+def test_gpu_empty_batch_and_sequences_after_a_cached_choice():
+    """Decisions are cached per key: an empty batch or empty sequences after a cached SDPA choice
+    used to run SDPA anyway (cuDNN returned no output: AttributeError; empty sequences: "No
+    available kernel")."""
+    q, k, v = (torch.randn(2, 256, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    ks.flash_attention(q, k, v, causal=True)
+    for shape in ((0, 256, 8, 64), (2, 0, 8, 64), (2, 1, 8, 64)):
+        q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        out = ks.flash_attention(q, k, v, causal=True)
+        assert out.shape == shape
+        if out.numel():
+            _close(out.float(), _ref(*(t.float() for t in (q, k, v)), causal=True)[0], torch.bfloat16, False,
+                   str(shape))

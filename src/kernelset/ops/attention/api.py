@@ -322,7 +322,7 @@ def _select(op: str, backend: str, args: tuple, kw: dict, backward: bool = False
     if backend not in _SDPA_NAMES:
         return dispatch.select(op, backend, args, kw, backward=backward)
     spec = registry.op(op)
-    ck = (op, backend, backward, spec.key(*args, **kw))
+    ck = (config.generation(), op, backend, backward, spec.key(*args, **kw))
     impl = _family_cache.get(ck)
     if impl is None:
         impl = next((i for i in registry.impls(op) if str(i.backend) == backend), None)

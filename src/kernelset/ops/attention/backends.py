@@ -41,6 +41,21 @@ def _unit(*ts: torch.Tensor) -> bool:
     return True
 
 
+def _aligned16(*ts: torch.Tensor) -> bool:
+    """Every data pointer and every stride (in bytes) of a dim longer than 1 a multiple of 16: what
+    SDPA's CUDA kernels assume without checking (on an H100 with torch 2.11, misaligned bf16 views
+    such as ``buf[1:]`` or ``[..., :64]`` of 65-wide rows gave cuDNN wrong results with no error,
+    flash a misaligned-address fault, the efficient kernel "no kernel found")."""
+    for t in ts:  # a loop: this runs in every attention call's dispatch key
+        if t.data_ptr() % 16:
+            return False
+        e = t.element_size()
+        for st, n in zip(t.stride(), t.shape):
+            if n > 1 and st != 1 and (st * e) % 16:
+                return False
+    return True
+
+
 def _paged_key(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q=None):
     return (q.device, q.dtype, k_cache.dtype, q.shape[-1], q.shape[1], k_cache.shape[2], k_cache.shape[1],
             cu_seqlens_q is None, _unit(q, k_cache, v_cache, block_table))
@@ -263,10 +278,14 @@ def _flash_key(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, *, causal=False, w
     varlen = cu_seqlens_q is not None
     sq = (max_seqlen_q if max_seqlen_q is not None else q.shape[0]) if varlen else q.shape[1]
     sk = (max_seqlen_k if max_seqlen_k is not None else k.shape[0]) if varlen else k.shape[1]
+    # everything torch's SDPA verdicts (attrs["sdpa"]) and _sdpa_own read: empty and one-long
+    # sequences, an empty batch, raw requires_grad (torch's checks read it even under no_grad), the
+    # deterministic-algorithms switch (cuDNN's verdict flips with it) and alignment
     return (q.device, q.dtype, k.dtype, v.dtype, q.shape[-2:], k.shape[-2], v.shape[-1], varlen, sq == sk,
-            shape_class(sk, sq), bool(causal), _norm_window(bool(causal), tuple(window)), softcap > 0,
-            sinks is not None,
-            need_lse, train, _unit(q, k, v), str(request))
+            shape_class(sk, sq), min(sq, 2), min(sk, 2), min(q.shape[0], 1), bool(causal),
+            _norm_window(bool(causal), tuple(window)), softcap > 0, sinks is not None,
+            need_lse, train, _unit(q, k, v), _aligned16(q, k, v), q.requires_grad, k.requires_grad, v.requires_grad,
+            torch.are_deterministic_algorithms_enabled(), str(request))
 
 
 def _flash_problem(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, *, causal=False, window=(-1, -1), softcap=0.0,
@@ -283,7 +302,7 @@ def _flash_problem(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, *, causal=Fals
     attrs = {"head_dim": q.shape[-1], "v_head_dim": v.shape[-1], "q_heads": q.shape[-2], "kv_heads": k.shape[-2],
              "seq_q": sq, "seq_k": sk, "causal": bool(causal), "window": (left, right), "softcap": softcap > 0,
              "sinks": sinks is not None, "lse": need_lse, "train": train, "varlen": varlen,
-             "unit_stride": _unit(q, k, v),
+             "unit_stride": _unit(q, k, v), "aligned16": _aligned16(q, k, v), "batch": q.shape[0],
              "shape_class": shape_class(sk, sq),
              "auto": str(request) == "auto" and op not in config.get().backend}
     if q.device.type in ("cuda", "cpu") and not varlen:
@@ -388,6 +407,9 @@ def _sdpa_common(p: Problem) -> str | None:
     if p["causal"] and p["seq_q"] != p["seq_k"]:
         return (f"SDPA's is_causal aligns the mask top-left; FlashAttention's bottom-right alignment differs when "
                 f"Sq != Sk ({p['seq_q']} vs {p['seq_k']})")
+    if p.device.type == "cuda" and not p.attrs.get("aligned16", True):
+        return ("q, k or v has a data pointer or a stride that is not a multiple of 16 bytes: SDPA's CUDA kernels "
+                "assume it unchecked (cuDNN returned wrong results on such views, flash faulted)")
     return None
 
 
@@ -396,6 +418,8 @@ def _sdpa_own(backend: AttnBackend):
         reason = _sdpa_common(p)
         if reason:
             return reason
+        if backend is AttnBackend.SDPA_CUDNN and p.attrs.get("batch", 1) == 0:
+            return "torch's cuDNN attention returns no output for an empty batch"
         if backend is AttnBackend.SDPA_CUDNN and p["shape_class"] == "decode" and p.attrs.get("auto"):
             # a named sdpa_cudnn still runs such a call
             return ("AUTO skips cuDNN for decode-shaped calls: it builds an execution plan for every new KV "

@@ -139,7 +139,10 @@ def _eager_key(x, weight, eps, offset, cast, torch_order, backend) -> tuple | No
         wk = (weight.shape, weight.stride(), weight.dtype, weight.device)
     else:
         return None
-    return (x.shape, x.stride(), x.dtype, x.device, wk, eps, offset, cast, torch_order, backend, _policy.active())
+    # the config generation: a replay recorded by a thread that decided under a config another
+    # thread has since changed (the table is cleared on change, but the store may land after)
+    return (config.generation(), x.shape, x.stride(), x.dtype, x.device, wk, eps, offset, cast, torch_order, backend,
+            _policy.active())
 
 
 

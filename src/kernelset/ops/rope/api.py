@@ -88,9 +88,10 @@ def _rot_eager_key(positions, q, k, cache, interleaved, rotary_dim, head_size, b
     else:
         same = k.untyped_storage().data_ptr() == q.untyped_storage().data_ptr()
         kk = (k.shape, k.stride(), k.dtype, k.device, k.data_ptr() - q.data_ptr() if same else None)
-    return (positions.shape, positions.stride(), positions.dtype, positions.device, q.shape, q.stride(), q.dtype,
-            q.device, kk, cache.shape, cache.stride(), cache.dtype, cache.device, interleaved, rotary_dim,
-            head_size, backend)
+    # the config generation, as the norm table's key: a replay recorded under an older config is not found
+    return (config.generation(), positions.shape, positions.stride(), positions.dtype, positions.device, q.shape,
+            q.stride(), q.dtype, q.device, kk, cache.shape, cache.stride(), cache.dtype, cache.device, interleaved,
+            rotary_dim, head_size, backend)
 
 
 def _check_serving(op: str, q: torch.Tensor, k: torch.Tensor | None, cos_sin_cache: torch.Tensor,
@@ -230,9 +231,9 @@ def _apply_eager_key(q, k, cos, sin, interleaved, rotary_dim, unsqueeze_dim, bac
             or type(sin) is not torch.Tensor or type(interleaved) is not bool or type(unsqueeze_dim) is not int
             or not (rotary_dim is None or type(rotary_dim) is int) or type(backend) is not str):
         return None
-    return (q.shape, q.stride(), k.shape, k.stride(), cos.shape, cos.stride(), sin.shape, sin.stride(), q.dtype,
-            k.dtype, cos.dtype, sin.dtype, q.device, k.device, cos.device, sin.device, interleaved, rotary_dim,
-            unsqueeze_dim, backend)
+    return (config.generation(), q.shape, q.stride(), k.shape, k.stride(), cos.shape, cos.stride(), sin.shape,
+            sin.stride(), q.dtype, k.dtype, cos.dtype, sin.dtype, q.device, k.device, cos.device, sin.device,
+            interleaved, rotary_dim, unsqueeze_dim, backend)
 
 
 def _apply_fwd(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
