@@ -221,6 +221,11 @@ ENV_CASES = {
     "malformed-backend": ({"KS_BACKEND": "rms_norm"}, None,
                           "KS_BACKEND='rms_norm': KS_BACKEND entries are OP:BACKEND"),
     "unknown-backend": ({"KS_BACKEND": "rms_norm:cuda"}, None, "must be one of 'triton'"),
+    # a family backend name (attention's SDPA backends) is accepted where its op has it, and a typo
+    # of one still stops the import, once every op is registered
+    "family-backend": ({"KS_BACKEND": "flash_attention:sdpa_flash"}, ["rms_norm triton", "layer_norm triton"], ""),
+    "unknown-family-backend": ({"KS_BACKEND": "flash_attention:sdpa_flsh"}, None,
+                               "backend for flash_attention must be one of 'triton'"),
     "log-dispatch": ({"KS_LOG_DISPATCH": "1"}, ["rms_norm triton", "layer_norm triton"],
                      "[kernelset] rms_norm [4x64] float32 on cpu (hidden=64 weight=none rows_ok=True) -> triton"),
 }
@@ -426,3 +431,16 @@ def test_cost_model_covers_bench_shapes(op):
         if case.mode == "fwd+bwd":
             assert cost.bytes > spec.cost(case.shape, case.dtype, "fwd").bytes
         assert case.bar_pct is None or 0 < case.bar_pct <= 100
+
+
+def test_forced_family_backend_runs_and_explains():
+    # KS_BACKEND / config.override can force a backend only an op family registers (SDPA's, in the
+    # attention family), as the backend= argument can: it used to be refused as not a core Backend
+    q = torch.randn(1, 4, 2, 8)
+    with ks.config.override(backend={"flash_attention": "sdpa_flash"}, triton_interpret=False):
+        assert ks.explain("flash_attention", q, q, q, verbose=False).chosen is ks.AttnBackend.SDPA_FLASH
+        out = ks.flash_attention(q, q, q)
+    torch.testing.assert_close(out, ks.flash_attention(q, q, q, backend="reference"), rtol=1e-5, atol=1e-5)
+    with ks.config.override(backend={"flash_attention": "sdpa_flsh"}):
+        with pytest.raises(ValueError, match="backend for flash_attention must be one of"):
+            ks.flash_attention(q, q, q)

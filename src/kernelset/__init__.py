@@ -26,6 +26,10 @@ from .ops.attention import AttnBackend, flash_attention, flash_attention_varlen
 from .ops.kvcache import copy_blocks, reshape_and_cache, swap_blocks
 from .ops.mla import mla_decode
 
+from .core.dispatch import check_forced_backends as _check_forced_backends
+
+_check_forced_backends()  # every op is registered now: KS_BACKEND's family backend names are checked
+
 __version__ = "0.1.0"
 
 __all__ = [

@@ -34,16 +34,31 @@ def _parse_disable(text: str) -> frozenset[Backend]:
     return out
 
 
-def _parse_backend_map(text: str) -> dict[str, Backend]:
-    """``rms_norm:triton,layer_norm:reference`` -> {op: Backend}."""
-    out: dict[str, Backend] = {}
+def _forced_backend(op: str, name: Any) -> Backend | str:
+    """A core Backend, or another name kept as a lowercase string: an op family may register
+    backends of its own (attention: ``sdpa_cudnn``...), which the dispatcher checks against the
+    op's implementations when it reads the entry (the registry is not loaded yet here)."""
+    if isinstance(name, Backend):
+        return name
+    text = str(getattr(name, "value", name)).strip().lower()
+    try:
+        return Backend.parse(text)
+    except ValueError:
+        if not text.replace("_", "").isalnum():
+            raise ValueError(f"KS_BACKEND backend for {op!r} must be a backend name, got {name!r}") from None
+        return text
+
+
+def _parse_backend_map(text: str) -> dict[str, Backend | str]:
+    """``rms_norm:triton,flash_attention:sdpa_cudnn`` -> {op: Backend or family backend name}."""
+    out: dict[str, Backend | str] = {}
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
         op, sep, name = part.partition(":")
         if not sep or not op.strip():
             raise ValueError(f"KS_BACKEND entries are OP:BACKEND, got {part!r}")
-        out[op.strip()] = Backend.parse(name, what=f"KS_BACKEND backend for {op.strip()!r}")
+        out[op.strip()] = _forced_backend(op.strip(), name)
     return out
 
 
@@ -58,7 +73,8 @@ class Flag:
 
 FLAGS: tuple[Flag, ...] = (
     Flag("KS_BACKEND", "backend", _parse_backend_map, {},
-         "Force a backend per op, e.g. 'rms_norm:triton,layer_norm:reference'. Forced backends run or raise."),
+         "Force a backend per op, e.g. 'rms_norm:triton,flash_attention:sdpa_cudnn' (a core backend or one the "
+         "op's family registers). Forced backends run or raise."),
     Flag("KS_DISABLE", "disable", _parse_disable, frozenset(),
          "Comma-separated backends AUTO must not pick, e.g. 'triton'. Asking for one explicitly raises."),
     Flag("KS_LOG_DISPATCH", "log_dispatch", _parse_bool, False,
@@ -74,7 +90,7 @@ FLAGS: tuple[Flag, ...] = (
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    backend: dict[str, Backend]
+    backend: dict[str, Backend | str]  # a str: a family backend name, checked by the dispatcher
     disable: frozenset[Backend]
     log_dispatch: bool
     poison_outputs: bool
@@ -148,7 +164,7 @@ def _coerce(field: str, value: Any) -> Any:
     elif field == "disable":
         value = _parse_disable(",".join(str(Backend.parse(v)) for v in value))
     elif field == "backend":
-        value = {str(k): Backend.parse(v, what=f"backend for {k!r}") for k, v in dict(value).items()}
+        value = {str(k): _forced_backend(str(k), v) for k, v in dict(value).items()}
     else:
         value = type(flag.default)(value)
     if field == "triton_interpret" and value and not _interpreter_env():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 import sys
 from typing import Any
 
@@ -33,6 +34,33 @@ def _check_forced_ops() -> None:
         raise ValueError(f"KS_BACKEND names unknown op(s) {', '.join(unknown)}; declared ops: {', '.join(sorted(_OPS))}")
 
 
+def check_forced_backends() -> None:
+    """KS_BACKEND entries that are not core backends must name one of their op's implementations
+    (``kernelset`` runs this once every op is registered, so a typo stops the import as a core
+    backend's typo does while the environment is parsed)."""
+    for name, forced in config.get().backend.items():
+        if isinstance(forced, str) and name in _OPS:
+            try:
+                _forced(_OPS[name])
+            except ValueError as exc:
+                raw = os.environ.get("KS_BACKEND", "")
+                raise ValueError(f"environment variable KS_BACKEND={raw!r}: {exc}") from None
+
+
+def _forced(spec: OpSpec) -> Backend | KsEnum | None:
+    """KS_BACKEND's entry for this op: a core Backend, or a name of one of the op's own
+    implementations (kept as a string by the config, which loads before the registry)."""
+    forced = config.get().backend.get(spec.name)
+    if not isinstance(forced, str):
+        return forced
+    for i in _IMPLS.get(spec.name, ()):
+        if i.backend.value == forced:
+            return i.backend
+    valid = ", ".join(repr(v) for v in dict.fromkeys([*(b.value for b in Backend),
+                                                      *(str(i.backend) for i in impls(spec.name))]))
+    raise ValueError(f"KS_BACKEND backend for {spec.name} must be one of {valid}, got {forced!r}")
+
+
 def _requested(spec: OpSpec, backend: object) -> Backend | KsEnum | None:
     """The backend a call names (argument first, then KS_BACKEND), None for AUTO. A name is a
     core :class:`Backend` or the backend of one of this op's implementations (the attention
@@ -43,7 +71,7 @@ def _requested(spec: OpSpec, backend: object) -> Backend | KsEnum | None:
     if isinstance(backend, str):
         name = backend.strip().lower()
         if name == AUTO:
-            return config.get().backend.get(spec.name)
+            return _forced(spec)
         for b in (*Backend, *(i.backend for i in _IMPLS.get(spec.name, ()))):
             if b.value == name:
                 return b
