@@ -140,6 +140,22 @@ def test_gqa_equals_mha_with_repeated_kv(device):
     assert rel_err(gqa, mha) < 1e-6
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_recording_call_runs_and_its_backward_raises(backend, device):
+    """paged_attention is forward only. With q (or sinks) requiring grad and grad mode on (an
+    evaluation loop without no_grad) the output used to carry no gradient at all, so a loss through
+    it left q's gradient silently incomplete; the call still runs, and a backward raises by name."""
+    keys, values = _seqs([9, 20], 2, 64, torch.float32, device)
+    kc, vc, table, seq_lens = _paged(keys, values, 16, device)
+    q = torch.randn(2, 4, 64, device=device, requires_grad=True)
+    out = ks.paged_attention(q, kc, vc, table, seq_lens, backend=backend)
+    with torch.no_grad():
+        want = ks.paged_attention(q, kc, vc, table, seq_lens, backend=backend)
+    assert torch.equal(out.detach(), want) and out.requires_grad
+    with pytest.raises(RuntimeError, match="paged_attention has no backward"):
+        (out.sum() + q.sum()).backward()
+
+
 # (id, options, why)
 FEATURE_CASES = [
     ("window-left", dict(window=(20, -1)), "sliding window: only the last 21 keys"),

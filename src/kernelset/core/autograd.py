@@ -90,3 +90,27 @@ def apply(spec: AutogradSpec, *inputs: Any) -> Any:
         if isinstance(t, torch.Tensor) and _wrapped(t):
             return EagerAutograd.apply(spec, *inputs)
     return _c_apply(spec, *inputs)
+
+
+class _NoBackward(torch.autograd.Function):
+    """Runs a forward-only op's implementation and records a node whose backward raises: a call
+    that records autograd (an evaluation loop without ``no_grad`` on parameters that require grad)
+    still works, and a loss that back-propagates through the output fails by name instead of
+    leaving the inputs' gradients silently incomplete."""
+
+    @staticmethod
+    def forward(ctx, op: str, why: str, fn: Callable[..., Any], *args: Any) -> Any:
+        ctx.op, ctx.why = op, why
+        return fn(*args)
+
+    @staticmethod
+    def backward(ctx, *grads: Any):
+        raise RuntimeError(f"{ctx.op} has no backward ({ctx.why}); its output carries no gradient to its inputs")
+
+
+def forward_only(op: str, why: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` for a forward-only op, behind a node whose backward raises when a tensor
+    argument requires grad (grad mode on); a plain call otherwise."""
+    if needs_grad(*(a for a in args if isinstance(a, torch.Tensor))):
+        return _NoBackward.apply(op, why, fn, *args)
+    return fn(*args)

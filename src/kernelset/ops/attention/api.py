@@ -18,7 +18,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from ...core import checks, config, dispatch, registry
-from ...core.autograd import AutogradSpec, apply, needs_grad
+from ...core.autograd import AutogradSpec, apply, forward_only, needs_grad
 from ...core.enums import AUTO, Backend
 from ...core.errors import ArgumentError, UnsupportedError
 from ...core.registry import Impl
@@ -172,7 +172,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if torch.compiler.is_compiling():
         out, lse = torch.ops.kernelset.paged_attention(*args[:9], left, right, *args[10:], str(backend))
     else:
-        out, lse = dispatch.select(op, backend, args[:6], {}).forward(*args)
+        # forward only: a call that records autograd (q or sinks requiring grad) gets a node whose
+        # backward raises, instead of an output that silently carries no gradient
+        out, lse = forward_only(op, "an inference op: flash_attention(_varlen) is the differentiable one",
+                                dispatch.select(op, backend, args[:6], {}).forward, *args)
     return AttentionOutput(out, lse) if return_lse else out
 
 
