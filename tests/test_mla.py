@@ -491,3 +491,117 @@ def test_gluon_import_failure_is_a_stated_reason(monkeypatch):
     with config.override(triton_interpret=False):
         why = L.wgmma_shape_reason((9, 0), "cuda", torch.bfloat16, torch.bfloat16, 128, 512, 64, 64, L.MlaTuning())
     assert why == "Gluon (triton.experimental.gluon, Hopper) is not importable (ImportError: no gluon here)"
+
+
+@pytest.mark.parametrize("splits", [1, 3], ids=["one-pass", "split-kv"])
+@pytest.mark.parametrize("bad_id", [-1, 100], ids=["negative-id", "id-past-the-cache"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unchecked_bad_block_id_gives_nan_out_and_lse(backend, bad_id, splits, device):
+    """check_bounds=False with a bad block id: that sequence's out AND lse are NaN in every backend
+    and split count, the other sequence exact. The Triton kernel gave NaN out but an lse of -inf
+    (one pass: "no keys", so a merge drops the part) or a finite value (split-KV: the bad split's
+    -inf partial was merged away); the reference read block -1 as the cache's last block (a
+    silent wrong read) and raised IndexError past the cache."""
+    seqs = [torch.randn(n, 80, device=device) for n in (40, 20)]
+    cache, table, seq_lens = _paged(seqs, 16, device)
+    q_nope, q_pe = torch.randn(2, 16, 64, device=device), torch.randn(2, 16, 16, device=device)
+    table[0, 1] = bad_id
+    with L.TUNING.use(L.MlaTuning(splits=splits, block_n=16)):
+        got = ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, scale=0.1, kv_lora_rank=64, rope_dim=16,
+                            return_lse=True, check_bounds=False, backend=backend)
+    assert torch.isnan(got.out[0]).all() and torch.isnan(got.lse[0]).all()
+    want = _expected(q_nope, q_pe, seqs, 0.1)
+    assert rel_err(got.out[1], want[0][1]) < 1e-5 and rel_err(got.lse[1], want[1][1]) < 1e-5
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unchecked_sequence_past_max_seq_len_is_nan(backend, device):
+    """A length past max_seq_len (check_bounds=False) is NaN in the reference as in the kernel: the
+    reference ignored max_seq_len and attended to every key."""
+    seqs = [torch.randn(n, 80, device=device) for n in (40, 20)]
+    cache, table, seq_lens = _paged(seqs, 16, device)
+    q_nope, q_pe = torch.randn(2, 16, 64, device=device), torch.randn(2, 16, 16, device=device)
+    got = ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, scale=0.1, kv_lora_rank=64, rope_dim=16,
+                        max_seq_len=32, return_lse=True, check_bounds=False, backend=backend)
+    assert torch.isnan(got.out[0]).all() and torch.isnan(got.lse[0]).all()
+    assert rel_err(got.out[1], _expected(q_nope, q_pe, seqs, 0.1)[0][1]) < 1e-5
+
+
+# merge_attn_states combines MLA decode parts (cascade / split attention over a shared prefix):
+# its cases sit here with the MLA parts they merge.
+
+
+@pytest.mark.parametrize("backend", [str(i.backend) for i in impls("merge_attn_states")])
+def test_merged_mla_parts_equal_the_whole(backend, device):
+    """Latent keys [0, 32) and [32, L) decoded separately (the second through a shifted block
+    table), merged by their LSEs, equal one decode over [0, L); a sequence of length 32 has an
+    empty second part (lse -inf)."""
+    lens = [32 + 21, 32]
+    seqs = [torch.randn(n, 80, device=device) for n in lens]
+    cache, table, seq_lens = _paged(seqs, 16, device)
+    q_nope, q_pe = torch.randn(2, 16, 64, device=device), torch.randn(2, 16, 16, device=device)
+    kw = dict(scale=0.1, kv_lora_rank=64, rope_dim=16, return_lse=True, backend="triton")
+    whole = ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, **kw)
+    first = ks.mla_decode(q_nope, q_pe, cache, table, torch.full_like(seq_lens, 32), **kw)
+    second = ks.mla_decode(q_nope, q_pe, cache, table[:, 2:].contiguous(), seq_lens - 32, **kw)
+    assert torch.isneginf(second.lse[1]).all()
+    merged = ks.merge_attn_states(first.out, first.lse, second.out, second.lse, backend=backend)
+    assert rel_err(merged.out, whole.out) < 1e-5 and rel_err(merged.lse, whole.lse) < 1e-6
+
+
+@pytest.mark.parametrize("backend", [str(i.backend) for i in impls("merge_attn_states")])
+def test_merge_lse_is_logaddexp_for_nan_and_inf(backend, device):
+    """lse = logaddexp(lse_a, lse_b) also where a part's lse is NaN (a bad sequence: NaN, as the
+    output) or +inf (+inf). The Triton kernel wrote -inf for both, an "empty" row that a later
+    merge drops while its output is NaN."""
+    oa, ob = torch.randn(3, 2, 16, device=device), torch.randn(3, 2, 16, device=device)
+    la, lb = torch.randn(3, 2, device=device), torch.randn(3, 2, device=device)
+    la[0, 0] = float("nan")
+    lb[0, 1], la[1, 1] = float("nan"), float("-inf")
+    la[2, 0] = float("inf")
+    out, lse = ks.merge_attn_states(oa, la, ob, lb, backend=backend)
+    assert torch.isnan(lse[0]).all() and torch.isnan(out[0]).all()
+    assert lse[2, 0] == float("inf")
+    want = torch.logaddexp(la, lb)
+    ok = torch.isfinite(want)
+    assert torch.allclose(lse[ok], want[ok], atol=1e-6) and torch.allclose(lse[1, 1], lb[1, 1])
+
+
+@pytest.mark.parametrize("backend", [str(i.backend) for i in impls("merge_attn_states")])
+def test_merge_with_empty_head_dim_still_writes_lse(backend, device):
+    """D = 0: the Triton launcher returned before launching, leaving the lse unwritten (NaN under
+    poisoning, garbage otherwise); it is logaddexp(lse_a, lse_b)."""
+    la, lb = torch.randn(4, 3, device=device), torch.randn(4, 3, device=device)
+    e = torch.empty(4, 3, 0, device=device)
+    out, lse = ks.merge_attn_states(e, la, e.clone(), lb, backend=backend)
+    assert out.shape == (4, 3, 0) and torch.allclose(lse, torch.logaddexp(la, lb), atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_recording_call_gets_a_raising_node(backend, device):
+    """Forward only, as paged_attention: with q_nope requiring grad the output carries a node
+    whose backward raises by name. Before, the Triton output carried no gradient (q's gradient
+    through it silently dropped) while the reference back-propagated a real one."""
+    seqs = [torch.randn(n, 80, device=device) for n in (20, 9)]
+    cache, table, seq_lens = _paged(seqs, 16, device)
+    q_nope = torch.randn(2, 16, 64, device=device, requires_grad=True)
+    q_pe = torch.randn(2, 16, 16, device=device)
+    kw = dict(scale=0.1, kv_lora_rank=64, rope_dim=16, backend=backend)
+    out = ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, **kw)
+    with torch.no_grad():
+        want = ks.mla_decode(q_nope, q_pe, cache, table, seq_lens, **kw)
+    assert torch.equal(out.detach(), want) and out.requires_grad and want.grad_fn is None
+    with pytest.raises(RuntimeError, match="mla_decode has no backward"):
+        (out.sum() + q_nope.sum()).backward()
+
+
+@pytest.mark.parametrize("backend", [str(i.backend) for i in impls("merge_attn_states")])
+def test_merge_recording_call_gets_a_raising_node(backend, device):
+    """merge_attn_states is forward only too: before, a part requiring grad lost its gradient
+    through the Triton merge without a word (the reference's output had a real one)."""
+    oa = torch.randn(3, 2, 16, device=device, requires_grad=True)
+    ob, la, lb = torch.randn(3, 2, 16, device=device), torch.randn(3, 2, device=device), torch.randn(3, 2, device=device)
+    out, lse = ks.merge_attn_states(oa, la, ob, lb, backend=backend)
+    assert out.requires_grad
+    with pytest.raises(RuntimeError, match="merge_attn_states has no backward"):
+        (out.sum() + oa.sum()).backward()

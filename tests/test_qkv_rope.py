@@ -177,3 +177,23 @@ def test_prenorm_compile():
     comp = torch.autograd.grad(torch.compile(f, fullgraph=True, backend="aot_eager")(*args), args)
     for a, b in zip(eager, comp):
         assert rel_err(b, a) < 1e-5
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+def test_tables_strided_in_their_last_dim(backend, device):
+    """cos/sin slices of a wider table (stride 2 in D): the rotation kernel read a table row at
+    unit stride, so the Triton backend rotated q and k (and their gradients) by the wrong angles;
+    the forward and every gradient must equal those with contiguous tables."""
+    b, s, h, hq, hk, d = 2, 3, 32, 2, 1, 8
+    x, ws, _ = _case(b, s, h, hq, hk, d, torch.float32, device, False)
+    cos, sin = _tables(b, s, d, device, torch.float32)
+    wide_c, wide_s = (torch.stack([t, torch.full_like(t, 7.0)], -1).flatten(-2) for t in (cos, sin))
+    out = ks.qkv_rope(x, *ws, wide_c[..., ::2], wide_s[..., ::2], head_dim=d, backend=backend)
+    ins = [t.detach().double().requires_grad_() for t in (x, *ws)]
+    want = _hf(*ins, None, None, None, cos.double(), sin.double(), d)
+    for name, g, e in zip("qkv", out, want):
+        assert rel_err(g, e) <= tolerance("gemm", torch.float32), (name, rel_err(g, e))
+    cots = [torch.randn_like(e) for e in want]
+    got = torch.autograd.grad(out, (x, *ws), [c.float() for c in cots])
+    for i, (a, e) in enumerate(zip(got, torch.autograd.grad(want, ins, cots))):
+        assert rel_err(a, e) <= tolerance("gemm", torch.float32, grad=True), (i, rel_err(a, e))

@@ -221,8 +221,11 @@ def merge_attn_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Ten
             raise ArgumentError(op, name, "unit-stride in its last dim", f"strides {x.stride()}")
     if torch.compiler.is_compiling():
         return AttentionOutput(*torch.ops.kernelset.merge_attn_states(out_a, lse_a, out_b, lse_b, str(backend)))
-    return AttentionOutput(*dispatch.select(op, backend, (out_a, lse_a, out_b, lse_b), {}).forward(
-        out_a, lse_a, out_b, lse_b))
+    # forward only, as paged_attention: a recording call gets a node whose backward raises (the
+    # Triton output carried no gradient, the reference's a real one: dropped on the GPU, silently)
+    return AttentionOutput(*forward_only(op, "an inference op (cascade decode)",
+                                         dispatch.select(op, backend, (out_a, lse_a, out_b, lse_b), {}).forward,
+                                         out_a, lse_a, out_b, lse_b))
 
 
 @torch.library.custom_op("kernelset::merge_attn_states", mutates_args=())

@@ -222,6 +222,10 @@ def _merge_attn_states_kernel(OA, LA, OB, LB, O, LSE, R, H, stride_oat, stride_o
     l_safe = tl.where(l > 0, l, 1.0)  # both parts empty: the weights are 0
     out = (oa.to(tl.float32) * (wa / l_safe)[:, None] + ob.to(tl.float32) * (wb / l_safe)[:, None])
     lse = tl.where(l > 0, m_use + tl.log(l_safe), float("-inf"))
+    # logaddexp's own values where l is NaN: +inf with a +inf part, NaN with a NaN part (never the
+    # -inf of an empty row, which a later merge would drop; tl.maximum may have ignored the NaN)
+    lse = tl.where(m == float("inf"), float("inf"), lse)
+    lse = tl.where((la != la) | (lb != lb), float("nan"), lse)
     tl.store(O + rows[:, None] * D + d[None, :], out.to(O.dtype.element_ty), mask=mask)
     tl.store(LSE + rows, lse, mask=r_ok)
 

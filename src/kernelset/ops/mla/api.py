@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 from ...core import checks, dispatch
+from ...core.autograd import forward_only
 from ...core.enums import AUTO, Backend
 from ...core.errors import ArgumentError
 from ..attention.api import AttentionOutput, _check_bounds, _hot_path
@@ -102,7 +103,10 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
     if torch.compiler.is_compiling():
         out, lse = torch.ops.kernelset.mla_decode(*args, str(backend))
     else:
-        out, lse = dispatch.select(op, backend, args[:5], {}).forward(*args)
+        # forward only: a recording call (q requiring grad) gets a node whose backward raises, not
+        # an output whose gradient the Triton backend drops and the reference computes
+        out, lse = forward_only(op, "an inference op (decode)", dispatch.select(op, backend, args[:5], {}).forward,
+                                *args)
     return AttentionOutput(out, lse) if return_lse else out
 
 

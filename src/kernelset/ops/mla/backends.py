@@ -92,7 +92,7 @@ def _detail(p: Problem) -> str:
 
 
 def _ref(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, kv_scale, max_seq_len):
-    out, lse = ref.mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, kv_scale)
+    out, lse = ref.mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, kv_scale, max_seq_len)
     return out.to(q_nope.dtype), lse
 
 

@@ -204,7 +204,7 @@ def _mla_decode_wgmma_kernel(QN, QP, c_desc, pe_desc, BT, SEQ, O, LSE, PO, PLSE,
     out = gl.where(bad_seq, float("nan"), out)
     l_safe_s = gl.where(l_i > 0, l_i, 1.0)
     lse2 = gl.where(l_i > 0, m_i + gl.log2(l_safe_s), float("-inf"))
-    lse2 = gl.where(bad_seq, float("nan"), lse2)
+    lse2 = gl.where(bad_seq | (l_i != l_i), float("nan"), lse2)  # (a bad block id: l is NaN)
     heads_o = ht * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
     r_o = gl.arange(0, R, layout=gl.SliceLayout(0, o_layout))
     heads_s = ht * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
@@ -279,7 +279,7 @@ def _ws_softmax_wg(c_desc, pe_desc, qn_smem, qp_smem, c_smem, pe_smem, p_smem, a
     mbarrier.arrive(bars.index(2 * STAGES + 2), count=1)  # done: row sums for warpgroup 1
     bad_seq = seq_len > max_keys
     lse2 = gl.where(l_i > 0, m_i + gl.log2(l_safe), float("-inf"))
-    lse2 = gl.where(bad_seq, float("nan"), lse2)
+    lse2 = gl.where(bad_seq | (l_i != l_i), float("nan"), lse2)  # (a bad block id: l is NaN)
     heads_s = ht * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
     prow_s = b.to(gl.int64) * H + heads_s
     _ws_store(acc, gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), bad_seq, O, PO, b, ht, split, H, 0,

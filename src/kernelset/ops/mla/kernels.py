@@ -118,7 +118,9 @@ def _mla_decode_fwd_kernel(QN, QP, KV, BT, SEQ, KVSCALE, O, LSE, PO, PLSE,
     out = acc / l_safe[:, None]
     lse2 = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
     out = tl.where(bad_seq, float("nan"), out)
-    lse2 = tl.where(bad_seq, float("nan"), lse2)
+    # a bad block id made l NaN: the LSE is NaN too, not the -inf of "no keys" (which a merge of
+    # the split partials, or merge_attn_states, would drop as an empty part)
+    lse2 = tl.where(bad_seq | (l_i != l_i), float("nan"), lse2)
     prow = b64 * H + heads
     out_mask = h_ok[:, None] & r_ok[None, :]
     if SPLITS == 1:

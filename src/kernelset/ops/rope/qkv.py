@@ -126,6 +126,12 @@ def ref_bwd(dq, dk, dv, x, w, cos, sin, heads, needs):
     return dx, dw, db
 
 
+def _unit_last(t):
+    """The rotation kernel reads a cos/sin row at unit stride (any batch and sequence strides): a
+    table strided in its last dim (a slice of a wider one) is copied, [B, S, D] at most."""
+    return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
+
+
 def t_fwd(x, w, bias, cos, sin, heads):
     from .launch import rope_apply
     b, s, hd = x.shape
@@ -136,7 +142,7 @@ def t_fwd(x, w, bias, cos, sin, heads):
     else:
         torch.addmm(bias, x2, w.t(), out=qkv)
     q, k, v = _split(qkv, b, s, heads)
-    qr, kr = rope_apply(q, k, cos, sin, False, heads[2], 2, 1.0)
+    qr, kr = rope_apply(q, k, _unit_last(cos), _unit_last(sin), False, heads[2], 2, 1.0)
     return qr, kr, v
 
 
@@ -146,7 +152,7 @@ def t_bwd(dq, dk, dv, x, w, cos, sin, heads, needs):
     m = b * s
     # (the kernel takes any [B, S, H, D] row strides with a unit-stride last dim; autograd may hand
     # in anything, e.g. an expanded ones for a sum: copies only then)
-    gq, gk = rope_apply(dq.contiguous(), dk.contiguous(), cos, sin, False, heads[2], 2, -1.0)
+    gq, gk = rope_apply(dq.contiguous(), dk.contiguous(), _unit_last(cos), _unit_last(sin), False, heads[2], 2, -1.0)
     hq, hk, d = heads  # (explicit widths: reshape's -1 is ambiguous for an empty batch)
     g = torch.cat((gq.reshape(m, hq * d), gk.reshape(m, hk * d), dv.reshape(m, hk * d)), 1)
     dx = torch.mm(g, w).view(b, s, hd) if needs[0] else None
