@@ -63,6 +63,12 @@ def host_us_per_call(fn: Callable[[], object], *, calls: int = 2000) -> float:
 
 def capture(fn: Callable[[], object], calls: int = 1) -> "torch.cuda.CUDAGraph":
     """``calls`` calls of ``fn`` captured in one CUDA graph, after a warm-up on a side stream."""
+    return capture_outputs(fn, calls)[0]
+
+
+def capture_outputs(fn: Callable[[], object], calls: int = 1) -> tuple["torch.cuda.CUDAGraph", object]:
+    """(the graph of ``calls`` captured calls of ``fn``, what the last captured call returned: the
+    graph's static outputs, which each replay rewrites)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -70,10 +76,11 @@ def capture(fn: Callable[[], object], calls: int = 1) -> "torch.cuda.CUDAGraph":
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
+    out = None
     with torch.cuda.graph(graph):
         for _ in range(calls):
-            fn()
-    return graph
+            out = fn()
+    return graph, out
 
 
 def graph_replay_us(fn: Callable[[], object], *, calls_in_graph: int = 100, replays: int = 50) -> tuple[float, float]:

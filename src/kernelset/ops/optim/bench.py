@@ -5,8 +5,9 @@ deterministically by up to +-50%, in pairs that keep the total at exactly n * pe
 rarely multiples of the block, so tails are timed too). The generic harness times a closure
 that returns outputs; here the closure is one ``optimizer.step()`` (or one clip), each runner
 owning its own copy of params and states, so the first call of every runner starts from the same
-state and is checked against the fp32 reference. Only a sample of tensors (first, thirds, last)
-is returned and checked, which keeps the reference and the check small at 1B parameters.
+state and is checked against the fp32 reference. Every tensor is checked (a multi-tensor kernel's
+fault can sit in any one of its address-table chunks: a sample of four tensors would miss it);
+the fp32 reference of the 1B-parameter case holds 12 GB on the GPU.
 
 Peers: torch.optim.AdamW(fused=True) and (foreach=True), with torch's own dtype rule (states in
 the parameter dtype, so they move fewer bytes than kernelset's fp32 states: the byte model
@@ -37,7 +38,8 @@ def bench_sizes(n: int, per: int) -> list[int]:
 
 
 def _sample(n: int) -> list[int]:
-    return sorted({0, n // 3, (2 * n) // 3, n - 1})
+    """The tensors returned and checked: all of them."""
+    return list(range(n))
 
 
 def _adamw_inputs(shape, dtype, device, mode):
@@ -64,13 +66,17 @@ def _optimizer(inp, make, state_dtype, step_device):
                         "exp_avg": m.to(state_dtype or q.dtype, copy=True),
                         "exp_avg_sq": v.to(state_dtype or q.dtype, copy=True)}
 
+    outs: list[tuple] = []
+
     def run():
         opt.step()
-        out = []
-        for i in inp["sample"]:
-            st = opt.state[params[i]]
-            out += [params[i], st["exp_avg"], st["exp_avg_sq"]]
-        return tuple(out)
+        if not outs:  # the first call's (checked); built once: 6000 look-ups per call would be timed
+            out = []
+            for i in inp["sample"]:
+                st = opt.state[params[i]]
+                out += [params[i], st["exp_avg"], st["exp_avg_sq"]]
+            outs.append(tuple(out))
+        return outs[0]
     return run
 
 
@@ -125,7 +131,8 @@ def _clip_reference(inp, mode):
     grads = inp["grads"]
     total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads]))
     coef = torch.clamp(MAX_NORM / (total + 1e-6), max=1.0)
-    return (total,) + tuple(grads[i].double() * coef for i in inp["sample"])
+    # fp32 (exact enough for bf16 grads): every tensor is checked, 8 GB in float64 at 1B
+    return (total,) + tuple(grads[i].float() * coef.float() for i in inp["sample"])
 
 
 ADAPTERS = {

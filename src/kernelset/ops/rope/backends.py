@@ -37,7 +37,8 @@ def _problem(positions, q, k, cache, head_size):
 def _cost(shape, dtype, mode):
     t, hq, hk, d = shape
     s = torch.empty((), dtype=dtype).element_size()
-    return Cost(2 * t * (hq + hk) * d * s + t * d * 4, 0, "read and write q and k, read the cache rows")
+    return Cost(2 * t * (hq + hk) * d * s + t * d * 4 + t * 8, 0,
+                "read and write q and k, read the cache rows and the positions")
 
 
 declare_op(OpSpec(

@@ -64,8 +64,10 @@ def _cost(shape, dtype, mode):
     n = (hq + 2 * hk) * d
     s = torch.empty((), dtype=dtype).element_size()
     if mode == "fwd":
-        return Cost((m * h + 2 * n * h + 2 * m * n) * s, 2 * m * h * n, "one product of 2 M H N flops (N = q, k, v)")
-    return Cost((2 * m * h + 4 * n * h + 6 * m * n) * s, 6 * m * h * n, "forward's product, backward's two")
+        return Cost((m * h + n * h + m * n) * s, 2 * m * h * n,
+                    "read x and the weights, write q, k, v; one product of 2 M H N flops (N = q, k, v)")
+    # backward: read dq, dk, dv, x (for dW) and the weights (for dx); write dx and dW
+    return Cost((3 * m * h + 3 * n * h + 2 * m * n) * s, 6 * m * h * n, "forward's product, backward's two")
 
 
 def _reference_out(x, w_q, w_k, w_v, cos, sin, head_dim=None):
