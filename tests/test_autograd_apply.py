@@ -2,6 +2,7 @@
 where that layer does nothing (no functorch transform active, no functorch-wrapped argument)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 import kernelset as ks
@@ -45,3 +46,32 @@ def test_apply_defers_to_function_apply_under_functorch(monkeypatch):
     except RuntimeError as e:
         assert "setup_context" in str(e)
     assert calls, "under torch.func.grad the call must go through Function.apply"
+
+
+# (op, a call on x [4, 32] that requires grad): every differentiable op that runs through the eager node
+_DOUBLE_CASES = {
+    "rms_norm": lambda x, b: ks.rms_norm(x, torch.ones(32), backend=b),
+    "silu_and_mul": lambda x, b: ks.silu_and_mul(x, backend=b),
+    "gelu": lambda x, b: ks.gelu(x, backend=b),
+    "log_softmax": lambda x, b: ks.log_softmax(x, backend=b),
+    "apply_rotary": lambda x, b: ks.apply_rotary(x.view(1, 4, 1, 32), x.view(1, 4, 1, 32) * 2,
+                                                 torch.ones(1, 1, 32), torch.zeros(1, 1, 32), backend=b).q,
+    "flash_attention": lambda x, b: ks.flash_attention(x.view(1, 4, 1, 32), x.view(1, 4, 1, 32),
+                                                       x.view(1, 4, 1, 32), backend=b),
+}
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+@pytest.mark.parametrize("op", _DOUBLE_CASES, ids=list(_DOUBLE_CASES))
+def test_second_order_gradient_is_refused_by_name(op, backend):
+    """create_graph=True, then a gradient of the gradient (a gradient penalty): the eager node's
+    backward is a kernel (its output carries no graph: the op's second-order term silently vanished
+    from a sum with other terms) or explicit formulas (wrong where a saved statistic depends on the
+    input). It raises by name for every op; first-order gradients and retain_graph are unaffected."""
+    x = torch.randn(4, 32, requires_grad=True)
+    y = _DOUBLE_CASES[op](x, backend)
+    with pytest.raises(RuntimeError, match=f"kernelset.{op}: backward with create_graph=True"):
+        torch.autograd.grad((y.float().pow(2).sum() + x.pow(3).sum()), x, create_graph=True)
+    y = _DOUBLE_CASES[op](x, backend)
+    (g,) = torch.autograd.grad(y.float().pow(2).sum(), x)
+    assert torch.isfinite(g).all()

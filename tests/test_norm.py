@@ -173,6 +173,19 @@ def test_fused_add_rms_norm_in_place(backend, case, device):
         assert not x._base[..., shape[-1]:].isnan().any()
 
 
+@pytest.mark.parametrize("flag", ["no", "False", 0, 1, None])
+def test_fused_add_rms_norm_in_place_must_be_a_bool(flag, device):
+    # in_place="no" (a flag read from a config string) was truthy: x and residual were silently
+    # overwritten with y and h. Anything but True/False is refused naming the argument, as
+    # rms_norm's torch_order is, and nothing is written.
+    x = torch.randn(2, 64, device=device)
+    r = torch.randn(2, 64, device=device)
+    x0, r0 = x.clone(), r.clone()
+    with pytest.raises(ValueError, match="argument 'in_place' must be a bool"):
+        ks.fused_add_rms_norm(x, r, None, in_place=flag)
+    assert torch.equal(x, x0) and torch.equal(r, r0)
+
+
 @pytest.mark.parametrize("backend", _backends("fused_add_rms_norm"))
 @pytest.mark.parametrize("which", ["x", "residual"])
 def test_fused_add_rms_norm_in_place_bumps_autograd_version(backend, which, device):
@@ -411,6 +424,35 @@ def test_gradcheck_reference_math(device):
     w = torch.randn(17, dtype=torch.float64, device=device, requires_grad=True)
     assert torch.autograd.gradcheck(lambda a, b: rms_norm_ref(a, b, 1e-6, 0.5, True)[0], (x, w))
     assert torch.autograd.gradcheck(lambda a, b: layer_norm_ref(a, b, None, 1e-5)[0], (x, w))
+
+
+@pytest.mark.parametrize("backend", _backends("rms_norm"))
+@pytest.mark.parametrize("op", ["rms_norm", "fused_add_rms_norm", "layer_norm"])
+def test_double_backward_is_refused_by_name(op, backend, device):
+    # A gradient penalty through the norm (create_graph=True, then a gradient of the gradient)
+    # once came out silently wrong: the Triton gradients carry no graph, so the norm's
+    # second-order term vanished from a sum with other terms (1.4e-2 relative error with an x^3
+    # term beside it), and the reference's graph ignored the saved rstd's dependence on x
+    # (0.55 relative error alone). Refused by name now; retain_graph stays exact.
+    x = torch.randn(3, 16, device=device, requires_grad=True)
+    w = torch.randn(16, device=device)
+    res = torch.randn(3, 16, device=device)
+
+    def f():
+        if op == "rms_norm":
+            return ks.rms_norm(x, w, backend=backend)
+        if op == "layer_norm":
+            return ks.layer_norm(x, w, backend=backend)
+        return ks.fused_add_rms_norm(x, res, w, backend=backend).out
+
+    y = f() + x.pow(3)
+    with pytest.raises(RuntimeError, match=f"kernelset.{op}: backward with create_graph=True"):
+        torch.autograd.grad(y.pow(2).sum(), x, create_graph=True)
+    y = f()
+    y.sum().backward(retain_graph=True)
+    first = x.grad.clone()
+    y.sum().backward()
+    assert torch.allclose(x.grad, 2 * first)
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
@@ -696,7 +738,8 @@ def test_eager_replay_is_never_taken_for_bad_input_or_on_the_cpu(device):
     for _ in range(2):
         ks.rms_norm(x, w)
     if device.type == "cpu":
-        assert not any(k[0] == x.shape and k[3] == x.device for k in api._EAGER if isinstance(k, tuple))
+        # (the key starts with the config generation: x's shape and device follow it)
+        assert not any(k[1] == x.shape and k[4] == x.device for k in api._EAGER if isinstance(k, tuple))
     with pytest.raises(ValueError, match="eps"):
         ks.rms_norm(x, w, eps=-1.0)
     with pytest.raises(ValueError, match="weight"):

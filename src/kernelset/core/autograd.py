@@ -47,6 +47,16 @@ class AutogradSpec:
     # outputs whose incoming gradient the backward reads (None: all). The others (saved statistics
     # such as rstd) get no zero tensor built and launched for them: the backward sees None.
     needed: tuple[int, ...] | None = None
+    name: str = ""  # the public op, for errors
+    # False: a backward with create_graph=True is refused by name (see EagerAutograd.backward);
+    # True: the op's backward handles that case itself
+    double_backward: bool = False
+
+
+_DOUBLE = ("kernelset.{op}: backward with create_graph=True (a gradient of its gradient: a gradient penalty, a "
+           "Hessian-vector product) is not supported: the backward is a kernel, or explicit formulas over saved "
+           "tensors, that autograd cannot differentiate; use the torch.nn.functional equivalent for second-order "
+           "gradients")
 
 
 class EagerAutograd(torch.autograd.Function):
@@ -63,12 +73,30 @@ class EagerAutograd(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads: Any):
+        if torch.is_grad_enabled() and not ctx.spec.double_backward:
+            # create_graph=True turns grad mode on inside the backward. Where a gradient or a saved
+            # tensor requires grad, the caller wants the gradient's own graph, which a kernel's
+            # output lacks (a second-order term then went missing from a sum without a word) and
+            # explicit formulas get wrong (a saved statistic's own dependence ignored). A mark in
+            # the style of once_differentiable is not enough: autograd.grad(..., inputs) prunes it.
+            for t in (*grads, *ctx.saved_tensors):
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    raise RuntimeError(_DOUBLE.format(op=_name(ctx)))
         if ctx.spec.needed is not None:  # zeros only where a read gradient did not flow
             grads = list(grads)
             for i, (shape, dtype, device) in zip(ctx.spec.needed, ctx.meta):
                 if grads[i] is None:
                     grads[i] = torch.zeros(shape, dtype=dtype, device=device)
         return (None,) + tuple(ctx.spec.backward(ctx, *grads))
+
+
+def _name(ctx) -> str:
+    """The public op of an eager node: its spec's name, else the op name a shared spec (the
+    activations, softmax / log_softmax) keeps among its options."""
+    if ctx.spec.name:
+        return ctx.spec.name
+    from .registry import _OPS
+    return next((o for o in getattr(ctx, "opts", ()) if isinstance(o, str) and o in _OPS), "op")
 
 
 # torch.autograd.Function.apply's Python layer (the setup_context test, a closure, unwrapping dead

@@ -284,5 +284,5 @@ def _backward(ctx, dy, *_):
 
 _op.register_autograd(_backward, setup_context=_setup)
 # (only y's gradient is read: the saved g, u, h, n, rstd get none built for them)
-_SPEC = AutogradSpec(_fwd, _setup, _backward, needed=(0,))
+_SPEC = AutogradSpec(_fwd, _setup, _backward, needed=(0,), name="gated_mlp")
 

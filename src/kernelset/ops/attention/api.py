@@ -564,4 +564,4 @@ def _flash_backward(ctx, dout, dlse):
 
 
 _flash_op.register_autograd(_flash_backward, setup_context=_flash_setup)
-_FLASH = AutogradSpec(_flash_fwd, _flash_setup, _flash_backward, needed=(0,))
+_FLASH = AutogradSpec(_flash_fwd, _flash_setup, _flash_backward, needed=(0,), name="flash_attention")

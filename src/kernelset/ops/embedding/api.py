@@ -78,4 +78,4 @@ def _backward(ctx, dy):
 
 
 _op.register_autograd(_backward, setup_context=_setup)
-_SPEC = AutogradSpec(_fwd, _setup, _backward)
+_SPEC = AutogradSpec(_fwd, _setup, _backward, name="embedding")

@@ -123,4 +123,4 @@ def _backward(ctx, grad_loss, grad_dlogits):
 
 
 _op.register_autograd(_backward, setup_context=_setup)
-_SPEC = AutogradSpec(_fwd, _setup, _backward, needed=(0,))
+_SPEC = AutogradSpec(_fwd, _setup, _backward, needed=(0,), name="cross_entropy", double_backward=True)  # checked in _backward

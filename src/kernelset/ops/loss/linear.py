@@ -342,4 +342,5 @@ def _backward(ctx, grad_loss, *grad_stored):
 _op.register_autograd(_backward, setup_context=_setup)
 # only the loss's gradient is read: the stored dhidden/dweight/dbias outputs get no zero [T, H] and
 # [V, H] tensors materialised for them (on the GPU test, 106 MiB over the memory formula)
-_SPEC = AutogradSpec(_fwd, _setup, _backward, needed=(0,))
+_SPEC = AutogradSpec(_fwd, _setup, _backward, needed=(0,), name="linear_cross_entropy",
+                     double_backward=True)  # checked in _backward (the reference handles reduction="none")

@@ -73,7 +73,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, *, eps: float 
     the forward ``ks.hf.kernelize`` uses. The Triton kernel covers hidden sizes in (128, 16384]
     divisible by 4 on CUDA; elsewhere the reference (torch's own ops) runs, which is that order by
     construction. The backward is the same either way.
-    Returns y ``[..., N]`` contiguous, in x.dtype.
+    Returns y ``[..., N]`` contiguous, in x.dtype (also for a weight of another dtype, where
+    LlamaRMSNorm returns the promoted dtype: ``cast=LLAMA`` is bit for bit only for one dtype).
     """
     key = None
     # (the grad test first, on plain tensors only: a training call builds no key)
@@ -222,7 +223,7 @@ def prenorm_backward(dy: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, r
     return _rms_bwd(dy, x2, weight, rstd, eps, 0.0, False, None, "rms_norm", backend)
 
 
-_RMS = AutogradSpec(_rms_fwd, _rms_setup, _rms_backward, needed=(0,))
+_RMS = AutogradSpec(_rms_fwd, _rms_setup, _rms_backward, needed=(0,), name="rms_norm")
 
 # ---- fused_add_rms_norm ---------------------------------------------------------------------
 
@@ -247,6 +248,8 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     if weight is None and offset != 0.0:
         raise ArgumentError(op, "offset", "0.0 when weight is None (offset shifts the weight)", offset)
     gemma = _gemma(op, cast)
+    if in_place is not False and in_place is not True:  # a truthy "no" would overwrite x and residual
+        raise ArgumentError(op, "in_place", "a bool", repr(in_place))
     if in_place:
         if needs_grad(x, residual, weight):
             raise ArgumentError(op, "in_place", "False when gradients are needed (in-place is for inference)",
@@ -300,7 +303,7 @@ def _add_backward(ctx, dy, dh, drstd):
 
 
 _add_rms_norm_op.register_autograd(_add_backward, setup_context=_add_setup)
-_ADD = AutogradSpec(_add_fwd, _add_setup, _add_backward, needed=(0,))  # dh may be None
+_ADD = AutogradSpec(_add_fwd, _add_setup, _add_backward, needed=(0,), name="fused_add_rms_norm")  # dh may be None
 
 
 @torch.library.custom_op("kernelset::fused_add_rms_norm_", mutates_args=("x", "residual"))
@@ -384,4 +387,4 @@ def _ln_backward(ctx, dy, dmean, drstd):
 
 
 _layer_norm_op.register_autograd(_ln_backward, setup_context=_ln_setup)
-_LN = AutogradSpec(_ln_fwd, _ln_setup, _ln_backward, needed=(0,))
+_LN = AutogradSpec(_ln_fwd, _ln_setup, _ln_backward, needed=(0,), name="layer_norm")

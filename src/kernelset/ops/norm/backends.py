@@ -78,7 +78,8 @@ def _cost(passes_fwd: int, passes_bwd: int, what_fwd: str, what_bwd: str, params
         s = torch.empty((), dtype=dtype).element_size()
         if mode == "fwd":
             return Cost(passes_fwd * m * n * s + params * n * s, 0, what_fwd)
-        return Cost((passes_fwd + passes_bwd) * m * n * s + 3 * params * n * s, 0, f"{what_fwd}; {what_bwd}")
+        # parameters: read by the forward, the weight read again by the backward, the gradients written
+        return Cost((passes_fwd + passes_bwd) * m * n * s + (2 * params + 1) * n * s, 0, f"{what_fwd}; {what_bwd}")
     return cost
 
 

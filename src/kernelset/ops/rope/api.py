@@ -278,7 +278,7 @@ def _apply_backward(ctx, dq, dk):
 
 
 _apply_op.register_autograd(_apply_backward, setup_context=_apply_setup)
-_APPLY = AutogradSpec(_apply_fwd, _apply_setup, _apply_backward)
+_APPLY = AutogradSpec(_apply_fwd, _apply_setup, _apply_backward, name="apply_rotary")
 
 
 def _check_positions(op: str, positions: torch.Tensor, q: torch.Tensor, multimodal: bool) -> None:

@@ -344,4 +344,4 @@ def _backward(ctx, dq, dk, dv, *_):
 
 _op.register_autograd(_backward, setup_context=_setup)
 # q, k, v's gradients are read; the concatenated weight (an output so the backward can save it) gets none
-_SPEC = AutogradSpec(_fwd, _setup, _backward, needed=(0, 1, 2))  # (the other outputs are saved, not used)
+_SPEC = AutogradSpec(_fwd, _setup, _backward, needed=(0, 1, 2), name="qkv_rope")  # (the other outputs are saved, not used)
