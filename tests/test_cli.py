@@ -27,7 +27,15 @@ def test_verify_without_interpreter_env_runs_triton_kernels():
     (["plan", "--model", __file__], "is not a readable JSON config"),
     # a negative --tokens used to end in torch.empty's RuntimeError traceback
     (["plan", "--model", "llama-3-8b", "--tokens", "-5"], "tokens must be a positive integer, got -5"),
-], ids=["empty-dim", "too-few-dims", "not-json", "negative-tokens"])
+    # a misspelt op used to select nothing and report "0 passed, 0 failed" with exit code 0
+    (["verify", "rmsnorm"], "unknown op 'rmsnorm'; declared ops:"),
+    # an unknown device used to end in torch.device's RuntimeError traceback
+    (["explain", "rms_norm", "--shape", "4x64", "--device", "gpu0"], "device must look like cpu, cuda or cuda:1, "
+                                                                     "got 'gpu0'"),
+    # an allocation failure used to end in the allocator's RuntimeError traceback
+    (["explain", "rms_norm", "--shape", "100000000x1000000", "--device", "cpu"],
+     "rms_norm: cannot allocate example inputs of shape 100000000x1000000 on cpu: "),
+], ids=["empty-dim", "too-few-dims", "not-json", "negative-tokens", "unknown-op", "unknown-device", "too-large"])
 def test_bad_arguments_get_a_clear_message(argv, message, capsys):
     # one line naming what is wrong, exit code 2: not a traceback, not "not enough values to unpack"
     from kernelset import cli
@@ -37,3 +45,53 @@ def test_bad_arguments_get_a_clear_message(argv, message, capsys):
         rc = exc.code
     err = capsys.readouterr().err
     assert rc == 2 and message in err and "Traceback" not in err, err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch that cannot use CUDA")
+def test_explain_on_an_unusable_device(capsys):
+    # torch without CUDA raised AssertionError("Torch not compiled with CUDA enabled"): a traceback
+    from kernelset import cli
+    rc = cli.main(["explain", "rms_norm", "--shape", "4x64", "--device", "cuda"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "rms_norm: cannot allocate example inputs of shape 4x64 on cuda: " in err, err
+
+
+def _verify_with_runner(monkeypatch, capsys, runner):
+    """ksctl verify softmax at one small shape, its runners replaced by ``runner(outs)``."""
+    import dataclasses
+
+    from kernelset import cli
+    from kernelset.ops.softmax import bench
+    adapter = bench.ADAPTERS["softmax"]
+
+    def ours(inp, mode, backend):
+        run = adapter.ours(inp, mode, backend)
+        return lambda: runner(run())
+
+    monkeypatch.setitem(bench.ADAPTERS, "softmax", dataclasses.replace(adapter, ours=ours))
+    monkeypatch.setattr(cli, "VERIFY_SHAPES", ((1, 64),))
+    rc = cli.main(["verify", "softmax"])
+    return rc, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("runner", [lambda outs: (), lambda outs: outs[:1]], ids=["no-outputs", "no-gradient"])
+def test_verify_fails_a_runner_that_returns_fewer_outputs(monkeypatch, capsys, runner):
+    # outputs were paired with references through zip(): a runner returning fewer passed
+    rc, out = _verify_with_runner(monkeypatch, capsys, runner)
+    rows = [ln for ln in out.splitlines() if ln.startswith("softmax ") and " fwd+bwd " in ln]
+    assert rc == 1 and len(rows) == 4, out[-2000:]  # (two backends, two dtypes)
+    assert all("FAIL: " in ln and "outputs for 2 references and 2 names" in ln for ln in rows), out[-2000:]
+
+
+def test_verify_counts_a_crashing_runner_as_a_failure(monkeypatch, capsys):
+    # a ValueError from a kernel used to abort verify as a bad-argument error (exit code 2)
+    def runner(outs):
+        raise ValueError("kernel exploded")
+
+    rc, out = _verify_with_runner(monkeypatch, capsys, runner)
+    assert rc == 1 and "FAIL: ValueError: kernel exploded" in out and "\n0 passed, 8 failed" in out, out[-2000:]
+
+
+def test_verify_passes_correct_runners(monkeypatch, capsys):
+    rc, out = _verify_with_runner(monkeypatch, capsys, lambda outs: outs)
+    assert rc == 0 and " 0 failed" in out and "FAIL" not in out, out[-2000:]

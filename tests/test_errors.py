@@ -223,3 +223,67 @@ def test_backend_without_an_implementation(op):
 def test_explain_unknown_op():
     with pytest.raises(ValueError, match="unknown op 'rmsnorm'; declared ops: .*fused_add_rms_norm.*, rms_norm"):
         ks.explain("rmsnorm", _x(), verbose=False)
+
+
+# ---- checks at the edges of their types ---------------------------------------------------
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_sparse_x(op):
+    # a sparse x passed the dtype check and failed inside torch ("Could not run 'aten::mean.dim'")
+    with pytest.raises(ks.ArgumentTypeError, match=r"argument 'x' must be a dense \(strided\) tensor, "
+                                                   r"got layout sparse_coo"):
+        CALLS[op](_x().to_sparse(), None)
+
+
+@pytest.mark.parametrize("value", [10 ** 400, -(10 ** 400)], ids=["huge", "huge-negative"])
+@pytest.mark.parametrize("check", ["positive", "finite"])
+def test_integer_too_large_for_a_float(check, value):
+    # an int compares below math.inf however large; float() of it raised OverflowError
+    from kernelset.core import checks
+    with pytest.raises(ks.ArgumentError, match=r"op: argument 'eps' must be a finite number"):
+        getattr(checks, check)("op", "eps", value)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_huge_integer_eps(op):
+    with pytest.raises(ks.ArgumentError, match=rf"{op}: argument 'eps' must be a finite number > 0, got an integer"):
+        CALLS[op](_x(), None, eps=10 ** 400)
+
+
+@pytest.mark.parametrize("error", [ks.ArgumentError("rms_norm", "x", "a torch.Tensor", "list"),
+                                   ks.ArgumentTypeError("rms_norm", "x", "of dtype float32", "int32"),
+                                   ks.UnsupportedError("rms_norm", "triton", "x is on meta")],
+                         ids=["ArgumentError", "ArgumentTypeError", "UnsupportedError"])
+def test_errors_survive_pickling(error):
+    # a DataLoader worker or a multiprocessing pool sends its exception back pickled; __init__ was
+    # called again with only the message ("missing 3 required positional arguments")
+    import copy
+    import pickle
+    for back in (pickle.loads(pickle.dumps(error)), copy.copy(error)):
+        assert type(back) is type(error) and str(back) == str(error) and back.__dict__ == error.__dict__
+
+
+def test_in_place_on_meta_tensors():
+    # meta tensors have no memory and every data_ptr() is 0: two distinct ones were refused as
+    # "a view overlapping x"; views of one meta storage must still be refused
+    x, residual = torch.empty(4, N, device="meta"), torch.empty(4, N, device="meta")
+    out = ks.fused_add_rms_norm(x, residual, None, in_place=True, backend="reference")
+    assert out.out.shape == (4, N) and out.out.is_meta
+    with pytest.raises(ks.ArgumentError, match="argument 'residual' must be a different tensor from x sharing no"):
+        ks.fused_add_rms_norm(x, x[:], None, in_place=True, backend="reference")
+
+
+def test_views_overlap_across_devices_and_meta_storages():
+    from kernelset.core import checks
+    m = torch.empty(4, N, device="meta")
+    assert not checks.views_overlap(m, torch.empty(4, N, device="meta"))  # two storages
+    assert not checks.views_overlap(m[:2], m[2:])  # one storage, disjoint rows
+    assert checks.views_overlap(m[:3], m[2:])  # one storage, row 2 shared
+    assert not checks.views_overlap(m, torch.empty(4, N))  # meta and cpu
+
+
+def test_row_stride_of_a_scalar():
+    # the 0-d case was tested after t.shape[-1], which raised IndexError first
+    from kernelset.core import checks
+    assert checks.row_stride(torch.tensor(1.0)) is None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import os
 import sys
 import time
@@ -39,6 +40,21 @@ def _shape(text: str) -> tuple[int, ...]:
     if not dims or any(d < 0 for d in dims):
         raise argparse.ArgumentTypeError(f"shape must look like 4096x8192, got {text!r}")
     return dims
+
+
+def _device(text: str) -> torch.device:
+    try:
+        return torch.device(text)
+    except (RuntimeError, ValueError):  # torch's message lists every device type it was built with
+        raise argparse.ArgumentTypeError(f"device must look like cpu, cuda or cuda:1, got {text!r}") from None
+
+
+def _known_ops(names) -> None:
+    """Each name is a declared op: a misspelt one must not select nothing and report success."""
+    import kernelset  # noqa: F401  (declares the ops)
+    from kernelset.core import registry
+    for name in names or ():
+        registry.op(name)  # ValueError naming the declared ops
 
 
 def _use_interpreter_if_no_gpu() -> None:
@@ -85,12 +101,17 @@ def _example_inputs(op: str, shape: tuple[int, ...], dtype: torch.dtype, device:
         example = "x".join(map(str, spec.bench[0].shape)) if spec.bench else "4096x8192"
         raise ValueError(f"{op}: cannot build example inputs from --shape {'x'.join(map(str, shape))} "
                          f"({exc}); its benchmark cases use shapes like {example}") from None
+    except (RuntimeError, MemoryError, AssertionError) as exc:  # too large, or a device this torch cannot use
+        # (torch without CUDA raises AssertionError "Torch not compiled with CUDA enabled")
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValueError(f"{op}: cannot allocate example inputs of shape {'x'.join(map(str, shape))} on {device}: "
+                         f"{why}") from None
     return ks, adapter.args(inputs)
 
 
 def cmd_explain(args) -> int:
     _use_interpreter_if_no_gpu()
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = args.device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     ks, tensors = _example_inputs(args.op, args.shape, args.dtype, device)
     exp = ks.explain(args.op, *tensors, backend=args.backend, backward=args.backward, verbose=not args.json)
     if args.json:
@@ -154,9 +175,10 @@ VERIFY_SHAPES = ((3, 1000), (2, 4097), (1, 64))
 
 def cmd_verify(args) -> int:
     """Run every implementation of every op on small random inputs against the fp32 reference."""
-    _use_interpreter_if_no_gpu()
+    _use_interpreter_if_no_gpu()  # (first: it may restart the process, before kernelset is imported)
+    _known_ops(args.ops)
     import kernelset as ks
-    from kernelset.core.tolerance import rel_err, tolerance
+    from kernelset.bench.harness import _check
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     failures, count = 0, 0
     print(f"verifying on {device} ({'GPU' if device.type == 'cuda' else 'CPU, Triton interpreter'})")
@@ -171,21 +193,21 @@ def cmd_verify(args) -> int:
                     for mode in ("fwd", "fwd+bwd") if entry.spec.differentiable else ("fwd",):
                         inp = adapter.inputs(shape, dtype, device, mode)
                         refs = adapter.reference(inp, mode)
+                        row = (f"{entry.name:<20} {str(impl.backend):<10} {'x'.join(map(str, shape)):<9} "
+                               f"{str(dtype)[6:]:<9} {mode:<8}")
                         try:
                             outs = adapter.ours(inp, mode, str(impl.backend))()
+                            # the harness's check: as many outputs as references (zip() would pass a
+                            # runner returning fewer), each within tolerance as a whole and in pieces
+                            ok, worst, note = _check(outs, refs, inp["names"], entry.spec.tolerance, dtype, mode)
                         except ks.UnsupportedError as exc:
-                            print(f"{entry.name:<20} {str(impl.backend):<10} {'x'.join(map(str, shape)):<9} "
-                                  f"{str(dtype)[6:]:<9} {mode:<8} {'-':>13}  skipped: {exc.reason}")
+                            print(f"{row} {'-':>13}  skipped: {exc.reason}")
                             continue
-                        worst, ok = 0.0, True
-                        for name, o, r in zip(inp["names"], outs, refs):
-                            err = rel_err(o, r)
-                            worst = max(worst, err)
-                            ok &= err <= tolerance(entry.spec.tolerance, dtype, grad=name.startswith("d"))
+                        except Exception as exc:  # a crash is this implementation's failure, not ksctl's
+                            ok, worst, note = False, math.inf, f"{type(exc).__name__}: {exc}"
                         count += 1
                         failures += not ok
-                        print(f"{entry.name:<20} {str(impl.backend):<10} {'x'.join(map(str, shape)):<9} "
-                              f"{str(dtype)[6:]:<9} {mode:<8} {worst:>13.2e}  {'ok' if ok else 'FAIL'}")
+                        print(f"{row} {worst:>13.2e}  {'ok' if ok else 'FAIL: ' + note}")
     print(f"\n{count - failures} passed, {failures} failed")
     return 1 if failures else 0
 
@@ -254,7 +276,7 @@ def cmd_eval(args) -> int:
         return 2
     _use_interpreter_if_no_gpu()
     from kernelset.hf.evaluate import evaluate, load_model
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = args.device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 on both sides of the comparison
     model, tok, what = load_model(args.model, dtype=args.dtype, device=device, tiny_model=args.tiny,
@@ -279,6 +301,7 @@ def cmd_bench(args) -> int:
         print("ksctl bench needs a CUDA GPU (speed is only claimed on a GPU); on CPU use 'ksctl verify'",
               file=sys.stderr)
         return 2
+    _known_ops(args.ops)
     from kernelset.bench import harness, report, timing
     device = torch.device("cuda")
     env = harness.environment(device)
@@ -345,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("op")
     s.add_argument("--shape", type=_shape, required=True, help="ROWSxHIDDEN, e.g. 4096x8192")
     s.add_argument("--dtype", type=_dtype, default=torch.bfloat16)
-    s.add_argument("--device", default=None)
+    s.add_argument("--device", type=_device, default=None)
     s.add_argument("--backend", default="auto")
     s.add_argument("--backward", action="store_true", help="explain the backward's choice")
     s.add_argument("--json", action="store_true")
@@ -377,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--init-std", type=float, default=None, help="initializer_range of the random init")
     s.add_argument("--mode", default="inference", choices=("inference", "training"))
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--device", default=None)
+    s.add_argument("--device", type=_device, default=None)
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_eval)
     for name, fn, help_ in (("bench", cmd_bench, "benchmarks on a GPU"),

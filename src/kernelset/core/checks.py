@@ -15,6 +15,8 @@ def tensor(op: str, name: str, t: object, *, dtypes: tuple[torch.dtype, ...] = F
            min_ndim: int = 1) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise ArgumentTypeError(op, name, "a torch.Tensor", type(t).__name__)
+    if t.layout is not torch.strided:  # sparse, CSR, ...: the kernels and the reference read strided memory
+        raise ArgumentTypeError(op, name, "a dense (strided) tensor", f"layout {str(t.layout).replace('torch.', '')}")
     if t.dtype not in dtypes:
         want = _DTYPE_NAMES if dtypes == FLOAT_DTYPES else " or ".join(str(d).replace("torch.", "") for d in dtypes)
         raise ArgumentTypeError(op, name, f"of dtype {want}", str(t.dtype).replace("torch.", ""))
@@ -48,7 +50,7 @@ def positive(op: str, name: str, value: object) -> float:
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise ArgumentError(op, name, "a finite number > 0", repr(value))
-    return float(value)
+    return _as_float(op, name, value, "a finite number > 0")
 
 
 def finite(op: str, name: str, value: object) -> float:
@@ -56,7 +58,16 @@ def finite(op: str, name: str, value: object) -> float:
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not -math.inf < value < math.inf:
         raise ArgumentError(op, name, "a finite number", repr(value))
-    return float(value)
+    return _as_float(op, name, value, "a finite number")
+
+
+def _as_float(op: str, name: str, value: int | float, expected: str) -> float:
+    # an int compares below math.inf however large, but float() of one past ~1.8e308 overflows
+    try:
+        return float(value)
+    except OverflowError:
+        got = f"an integer of {value.bit_length()} bits, too large for a float"
+        raise ArgumentError(op, name, expected, got) from None
 
 
 def row_stride(t: torch.Tensor) -> int | None:
@@ -66,10 +77,12 @@ def row_stride(t: torch.Tensor) -> int | None:
     stride (a permuted view); size-1 dims are ignored. A kernel given the result reads row r at
     ``r * stride``.
     """
+    if t.dim() == 0:
+        return None
     n = t.shape[-1]
     if t.is_contiguous():
         return n
-    if t.dim() == 0 or (t.stride(-1) != 1 and n > 1):
+    if t.stride(-1) != 1 and n > 1:
         return None
     stride = None
     expect = None
@@ -148,7 +161,14 @@ def views_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     answered for views that interleave in a way this test does not resolve."""
     if a.numel() == 0 or b.numel() == 0:
         return False
-    pa, pb = a.data_ptr(), b.data_ptr()
+    if a.is_meta or b.is_meta or a.device != b.device:
+        # meta tensors have no memory (every data_ptr is 0): only views of one storage can meet,
+        # placed by their storage offsets; tensors on two devices never share memory
+        if not (a.is_meta and b.is_meta) or a.untyped_storage()._cdata != b.untyped_storage()._cdata:
+            return False
+        pa, pb = a.storage_offset() * a.element_size(), b.storage_offset() * b.element_size()
+    else:
+        pa, pb = a.data_ptr(), b.data_ptr()
     # the answer depends on the two layouts and the offset between them only (translating both
     # moves every residue alike): serving calls repeat one layout pair per step
     key = (a.shape, a.stride(), a.dtype, b.shape, b.stride(), b.dtype, pb - pa)

@@ -16,13 +16,19 @@ class UnsupportedError(KernelsetError, RuntimeError):
         self.op, self.backend, self.reason = op, backend, reason
         super().__init__(f"{op}: backend '{backend}' cannot run this problem: {reason}")
 
+    def __reduce__(self):  # pickle and copy re-call __init__ with these, not with the message
+        return type(self), (self.op, self.backend, self.reason)
+
 
 class ArgumentError(KernelsetError, ValueError):
     """Bad input: names the argument, what was expected and what was given."""
 
     def __init__(self, op: str, arg: str, expected: str, got: object):
-        self.op, self.arg = op, arg
+        self.op, self.arg, self.expected, self.got = op, arg, expected, got
         super().__init__(f"{op}: argument '{arg}' must be {expected}, got {got}")
+
+    def __reduce__(self):  # (errors cross processes: DataLoader workers, multiprocessing, torch.distributed)
+        return type(self), (self.op, self.arg, self.expected, self.got)
 
 
 class ArgumentTypeError(ArgumentError, TypeError):
