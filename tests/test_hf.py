@@ -648,3 +648,32 @@ def test_merged_projections_under_inference_mode_and_save_pretrained(tmp_path):
     assert set(got) == set(want) and all(torch.equal(got[n], want[n]) for n in want)
     # (bitwise logits are not promised across two allocations on a GPU: cuBLAS may pick by alignment)
     assert rel_err(logits(again, ids), base) < 1e-6
+
+
+def test_training_layer_node_stands_down_for_hooks_on_the_layers_modules():
+    """The one-node decoder layer (hf.layers) calls none of the layer's modules, so a hook on one of
+    them (a forward hook on the attention module, a pre-hook on a norm, a backward hook on the MLP)
+    was skipped silently: the loss and gradients differed from the unpatched model's and the
+    backward hook never ran. Such a call now runs the layer's own forward; transformers' idle
+    output-capture hooks (installed by one output_hidden_states call) leave the node in place."""
+    m0 = tiny_model("llama").train()
+    m1 = copy.deepcopy(m0)
+    ids = torch.randint(0, 128, (2, 8), device=DEVICE)
+    with kernelize(m1, mode="training"):
+        m1(input_ids=ids, output_hidden_states=True, use_cache=False)  # installs transformers' capture hooks
+        x = torch.randn(1, 3, m1.config.hidden_size, device=DEVICE, requires_grad=True)
+        pe = m1.model.rotary_emb(x, torch.arange(3, device=DEVICE)[None])
+        assert "_LayerNode" in type(m1.model.layers[0](x, position_embeddings=pe).grad_fn).__name__
+        ran = {}
+        for name, model in (("plain", m0), ("patched", m1)):
+            model.model.layers[1].self_attn.register_forward_hook(lambda mod, args, out: (out[0] * 0.5, *out[1:]))
+            model.model.layers[0].input_layernorm.register_forward_pre_hook(lambda mod, args: (args[0] * 1.5,))
+            model.model.layers[1].mlp.register_full_backward_hook(
+                lambda mod, gin, gout, name=name: ran.__setitem__(name, ran.get(name, 0) + 1))
+        l0, l1 = m0(input_ids=ids, labels=ids).loss, m1(input_ids=ids, labels=ids).loss
+        assert rel_err(l1, l0) < 1e-5
+        l0.backward()
+        l1.backward()
+        for (name, p0), p1 in zip(m0.named_parameters(), m1.parameters()):
+            assert rel_err(p1.grad, p0.grad) < 1e-4, name
+        assert ran == {"plain": 1, "patched": 1}

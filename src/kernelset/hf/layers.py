@@ -12,7 +12,8 @@ nodes per layer; a training step of a 1B model is host-bound on them.
 A layer joins only where its norms were patched as Llama RMSNorm (weight, rounded before it), its
 attention as qkv_rope's (``attention.patch_qkv``), its MLP as a split gated MLP, and a probe on
 random inputs (the fp32 references) shows the layer's own forward equal to the fused one.
-Everything else (padding masks, a cache, dropout, inference) runs the layer's own forward.
+Everything else (padding masks, a cache, dropout, inference, and a call where the node would skip a
+hook on one of the layer's modules: ``_hooked``) runs the layer's own forward.
 """
 from __future__ import annotations
 
@@ -173,13 +174,58 @@ def _node(m: nn.Module, ops: Any, hidden: torch.Tensor, cos: torch.Tensor, sin: 
     return _LayerNode.apply(*args, cfg)
 
 
+def _capturing(hook: Any) -> bool:
+    """transformers' own forward hook recording a module's output (``output_attentions=True``
+    and the like): it records nothing unless a model call asked for that output."""
+    return getattr(hook, "__module__", "").startswith("transformers.") and "capturing" in getattr(
+        hook, "__qualname__", "")
+
+
+def _recording() -> bool:
+    """A model call collects outputs of modules inside a decoder layer (attention weights, router
+    logits): transformers' collector holds a key other than the layers' hidden states."""
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:  # (a version without it passes output_attentions to the layer)
+        return False
+    got = _active_collector.get()
+    return bool(got) and any(k not in ("hidden_states", "_hidden_states_layers") for k in got)
+
+
+def _hooked(m: nn.Module) -> bool:
+    """The node calls none of the layer's modules (norms, attention, MLP, their projections): a
+    forward or backward hook on one of them (a user's, registered before or after kernelize; or
+    transformers' output capture while it records), or a global module hook, would be skipped
+    silently."""
+    from torch.nn.modules import module as nn_module
+    if (nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks or nn_module._global_backward_hooks
+            or nn_module._global_backward_pre_hooks):
+        return True
+    a, mlp = m.self_attn, m.mlp
+    recording = None
+    for p in (m.input_layernorm, a, a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.post_attention_layernorm, mlp,
+              mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+        if p._forward_pre_hooks or p._backward_hooks or p._backward_pre_hooks:
+            return True
+        for hook in p._forward_hooks.values():
+            if not _capturing(hook):
+                return True
+            if recording is None:
+                recording = _recording()
+            if recording:
+                return True
+    return False
+
+
 def _forward(m: nn.Module, ops: Any, original: Any, eps1: float, eps2: float, act: str, graphs: Any = None):
     a = m.self_attn
 
     def forward(hidden_states, attention_mask=None, position_ids=None, past_key_values=None, cache=None,
                 use_cache=False, position_embeddings=None, **kwargs):
-        # a training call without padding, cache or dropout, on full-width rotary tables
+        # a training call without padding, cache, dropout or hooks on the modules the node replaces, on
+        # full-width rotary tables
         if (attention_mask is None and past_key_values is None and cache is None and position_embeddings is not None
+                and not kwargs.get("output_attentions") and not _hooked(m)
                 and torch.is_grad_enabled() and hidden_states.dim() == 3
                 and (hidden_states.requires_grad or a.q_proj.weight.requires_grad)
                 and not (a.training and a.attention_dropout > 0.0)
