@@ -677,3 +677,23 @@ def test_training_layer_node_stands_down_for_hooks_on_the_layers_modules():
         for (name, p0), p1 in zip(m0.named_parameters(), m1.parameters()):
             assert rel_err(p1.grad, p0.grad) < 1e-4, name
         assert ran == {"plain": 1, "patched": 1}
+
+
+def test_training_replacements_honour_projection_hooks_added_after_kernelize():
+    """The training replacements of the attention (q/k/v + rope + attention + o_proj as one node)
+    and of the gated MLP (gated_mlp) read the projections' weights instead of calling them; they
+    checked for hooks only at patch time, so a hook added later on q_proj or down_proj was skipped
+    (1.7% loss difference). They now look at every call and run the modules' own forwards then."""
+    m0 = tiny_model("llama").train()
+    m1 = copy.deepcopy(m0)
+    ids = torch.randint(0, 128, (2, 8), device=DEVICE)
+    with kernelize(m1, mode="training"):
+        for model in (m0, m1):
+            model.model.layers[1].mlp.down_proj.register_forward_hook(lambda mod, args, out: out * 0.5)
+            model.model.layers[0].self_attn.q_proj.register_forward_hook(lambda mod, args, out: out * 1.5)
+        l0, l1 = m0(input_ids=ids, labels=ids).loss, m1(input_ids=ids, labels=ids).loss
+        assert rel_err(l1, l0) < 1e-5
+        l0.backward()
+        l1.backward()
+        for (name, p0), p1 in zip(m0.named_parameters(), m1.parameters()):
+            assert rel_err(p1.grad, p0.grad) < 1e-4, name

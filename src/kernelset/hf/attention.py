@@ -200,6 +200,8 @@ def _qkv_attention(m: torch.nn.Module, ops: Any, hidden: torch.Tensor, cos: torc
 
 
 def _qkv_forward(m: torch.nn.Module, ops: Any, original: Any):
+    from .mapping import unhooked
+
     def forward(hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None, cache=None,
                 **kwargs):
         # a training call without padding, cache or dropout, on full-width rotary tables
@@ -207,7 +209,8 @@ def _qkv_forward(m: torch.nn.Module, ops: Any, original: Any):
                 and torch.is_grad_enabled() and hidden_states.dim() == 3
                 and (hidden_states.requires_grad or m.q_proj.weight.requires_grad)
                 and not (m.training and m.attention_dropout > 0.0)
-                and position_embeddings[0].shape[-1] == m.head_dim):
+                and position_embeddings[0].shape[-1] == m.head_dim
+                and unhooked(m.q_proj, m.k_proj, m.v_proj, m.o_proj)):
             return _qkv_attention(m, ops, hidden_states, *position_embeddings), None
         if past_key_values is not None:
             kwargs["past_key_values"] = past_key_values

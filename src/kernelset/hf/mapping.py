@@ -199,6 +199,20 @@ def _fused_candidate(m: nn.Module) -> bool:
 _MLP_ACTIVATION = {"silu": "silu", "tanh": "gelu_tanh", "none": "gelu"}  # ACT_KINDS -> gated_mlp's names
 
 
+def unhooked(*mods: nn.Module) -> bool:
+    """No forward or backward hook on these modules, nor a global module hook: a replacement that
+    reads their weights instead of calling them would skip it silently. Checked at every call a
+    replacement takes that way (a hook may come after kernelize)."""
+    from torch.nn.modules import module as nn_module
+    if (nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks or nn_module._global_backward_hooks
+            or nn_module._global_backward_pre_hooks):
+        return False
+    for m in mods:
+        if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
+            return False
+    return True
+
+
 def _plain_linears(m: nn.Module) -> bool:
     """gate/up/down are bias-free nn.Linear children without hooks: gated_mlp may read their weights
     directly instead of calling them."""
@@ -214,7 +228,8 @@ def _split_build(kind: str) -> Build:
         def forward(x: torch.Tensor) -> torch.Tensor:
             # a training call: the three products and the activation as one autograd node
             # (gated_mlp), ~6 fewer nodes per layer to record and run on the host
-            if fused and torch.is_grad_enabled() and (x.requires_grad or m.down_proj.weight.requires_grad):
+            if (fused and torch.is_grad_enabled() and (x.requires_grad or m.down_proj.weight.requires_grad)
+                    and unhooked(m.gate_proj, m.up_proj, m.down_proj)):
                 return ops.gated_mlp(x, m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight,
                                      activation=_MLP_ACTIVATION[kind])
             gate, up = m.gate_proj(x), m.up_proj(x)
