@@ -78,7 +78,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, *, eps: float 
     """
     key = None
     # (the grad test first, on plain tensors only: a training call builds no key)
-    if (not torch.compiler.is_compiling() and type(x) is torch.Tensor
+    # (strided layout: a sparse x has no strides for the key; the checks name it)
+    if (not torch.compiler.is_compiling() and type(x) is torch.Tensor and x.layout is torch.strided
             and (weight is None or isinstance(weight, torch.Tensor)) and not needs_grad(x, weight)):
         key = _eager_key(x, weight, eps, offset, cast, torch_order, backend)  # None unless plain options
         if key is not None:
