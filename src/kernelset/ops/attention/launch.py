@@ -184,7 +184,10 @@ def merge_attn_states(out_a, lse_a, out_b, lse_b):
     out = empty(out_a.shape, out_a.dtype, out_a.device)
     lse = empty((t, h), torch.float32, out_a.device)
     rows = t * h
-    if rows == 0:  # (D = 0 still launches: the lse is written)
+    if rows == 0:
+        return out, lse
+    if d == 0:  # no values to merge, only the lse (torch's logaddexp: -inf, +inf and NaN as the kernel's)
+        torch.logaddexp(lse_a.float(), lse_b.float(), out=lse)
         return out, lse
     p = merge_policy(rows, d)
     _merge((p.grid,), out_a, lse_a, out_b, lse_b, out, lse, rows, h, out_a.stride(0), out_a.stride(1),
