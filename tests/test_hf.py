@@ -54,6 +54,17 @@ EXPECT = {
 NORMS = {"qwen3": 9, "qwen3_moe": 9, "gemma2": 9, "gemma3_text": 13, "olmo2": 9, "deepseek_v3": 9}
 
 
+
+def _same_step(m0, m1, ids, labels, what=None):
+    """One loss and backward on the unpatched model m0 and the patched m1: the loss within 1e-5 and
+    every parameter's gradient within 1e-4 (relative), named by ``what`` and the parameter."""
+    l0, l1 = m0(input_ids=ids, labels=labels).loss, m1(input_ids=ids, labels=labels).loss
+    assert rel_err(l1, l0) < 1e-5, what
+    l0.backward()
+    l1.backward()
+    for (name, p0), p1 in zip(m0.named_parameters(), m1.parameters()):
+        assert rel_err(p1.grad, p0.grad) < 1e-4, (name if what is None else (what, name))
+
 def tiny_model(family: str, **kw) -> torch.nn.Module:
     # eager attention: transformers' reference math for the baseline (its SDPA path drops Gemma 2's
     # logit softcap on a GPU with some versions, and the proof would compare against that)
@@ -340,13 +351,7 @@ def _train_three_steps(m0, m1, handle):
         ids = torch.randint(0, 128, (2, 12), device=DEVICE)
         labels = ids.clone()
         labels[:, :2] = -100
-        l0 = m0(input_ids=ids, labels=labels).loss
-        l1 = m1(input_ids=ids, labels=labels).loss
-        assert rel_err(l1, l0) < 1e-5, step
-        l0.backward()
-        l1.backward()
-        for (name, p0), p1 in zip(m0.named_parameters(), m1.parameters()):
-            assert rel_err(p1.grad, p0.grad) < 1e-4, (step, name)
+        _same_step(m0, m1, ids, labels, step)
         o0.step(), o1.step(), o0.zero_grad(), o1.zero_grad()
     assert max(rel_err(p1, p0) for p0, p1 in zip(m0.parameters(), m1.parameters())) < 1e-4
     counts = handle.counts
@@ -412,12 +417,7 @@ def test_training_attention_fusion_only_where_the_probe_agrees(family):
         if family in ("qwen3", "gemma2", "mistral"):  # q/k norms; softcap and windows; the config's window
             assert not fused and not layers
         ids = torch.randint(0, 128, (2, 12), device=DEVICE)
-        l0, l1 = m0(input_ids=ids, labels=ids).loss, m1(input_ids=ids, labels=ids).loss
-        assert rel_err(l1, l0) < 1e-5
-        l0.backward()
-        l1.backward()
-        for (name, p0), p1 in zip(m0.named_parameters(), m1.parameters()):
-            assert rel_err(p1.grad, p0.grad) < 1e-4, name
+        _same_step(m0, m1, ids, ids)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
@@ -670,12 +670,7 @@ def test_training_layer_node_stands_down_for_hooks_on_the_layers_modules():
             model.model.layers[0].input_layernorm.register_forward_pre_hook(lambda mod, args: (args[0] * 1.5,))
             model.model.layers[1].mlp.register_full_backward_hook(
                 lambda mod, gin, gout, name=name: ran.__setitem__(name, ran.get(name, 0) + 1))
-        l0, l1 = m0(input_ids=ids, labels=ids).loss, m1(input_ids=ids, labels=ids).loss
-        assert rel_err(l1, l0) < 1e-5
-        l0.backward()
-        l1.backward()
-        for (name, p0), p1 in zip(m0.named_parameters(), m1.parameters()):
-            assert rel_err(p1.grad, p0.grad) < 1e-4, name
+        _same_step(m0, m1, ids, ids)
         assert ran == {"plain": 1, "patched": 1}
 
 
@@ -691,9 +686,4 @@ def test_training_replacements_honour_projection_hooks_added_after_kernelize():
         for model in (m0, m1):
             model.model.layers[1].mlp.down_proj.register_forward_hook(lambda mod, args, out: out * 0.5)
             model.model.layers[0].self_attn.q_proj.register_forward_hook(lambda mod, args, out: out * 1.5)
-        l0, l1 = m0(input_ids=ids, labels=ids).loss, m1(input_ids=ids, labels=ids).loss
-        assert rel_err(l1, l0) < 1e-5
-        l0.backward()
-        l1.backward()
-        for (name, p0), p1 in zip(m0.named_parameters(), m1.parameters()):
-            assert rel_err(p1.grad, p0.grad) < 1e-4, name
+        _same_step(m0, m1, ids, ids)

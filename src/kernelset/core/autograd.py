@@ -139,6 +139,8 @@ class _NoBackward(torch.autograd.Function):
 def forward_only(op: str, why: str, fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)`` for a forward-only op, behind a node whose backward raises when a tensor
     argument requires grad (grad mode on); a plain call otherwise."""
-    if needs_grad(*(a for a in args if isinstance(a, torch.Tensor))):
-        return _NoBackward.apply(op, why, fn, *args)
+    if torch.is_grad_enabled():  # (serving calls run under no_grad / inference_mode: one test)
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.requires_grad:
+                return _NoBackward.apply(op, why, fn, *args)
     return fn(*args)

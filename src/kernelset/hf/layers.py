@@ -23,6 +23,8 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from .mapping import unhooked
+
 _ACT = {"swiglu": "silu", "gelu_and_mul tanh": "gelu_tanh", "gelu_and_mul none": "gelu"}
 NODE = True  # the layer as one autograd node (_LayerNode); False: the four-node form (_fused); tests compare them
 # inside the node, attention through SDPA's kernels where flash_attention's training choice is SDPA
@@ -197,24 +199,10 @@ def _hooked(m: nn.Module) -> bool:
     forward or backward hook on one of them (a user's, registered before or after kernelize; or
     transformers' output capture while it records), or a global module hook, would be skipped
     silently."""
-    from torch.nn.modules import module as nn_module
-    if (nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks or nn_module._global_backward_hooks
-            or nn_module._global_backward_pre_hooks):
-        return True
     a, mlp = m.self_attn, m.mlp
-    recording = None
-    for p in (m.input_layernorm, a, a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.post_attention_layernorm, mlp,
-              mlp.gate_proj, mlp.up_proj, mlp.down_proj):
-        if p._forward_pre_hooks or p._backward_hooks or p._backward_pre_hooks:
-            return True
-        for hook in p._forward_hooks.values():
-            if not _capturing(hook):
-                return True
-            if recording is None:
-                recording = _recording()
-            if recording:
-                return True
-    return False
+    return not unhooked(m.input_layernorm, a, a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.post_attention_layernorm, mlp,
+                        mlp.gate_proj, mlp.up_proj, mlp.down_proj,
+                        idle=lambda hook: _capturing(hook) and not _recording())
 
 
 def _forward(m: nn.Module, ops: Any, original: Any, eps1: float, eps2: float, act: str, graphs: Any = None):

@@ -199,16 +199,20 @@ def _fused_candidate(m: nn.Module) -> bool:
 _MLP_ACTIVATION = {"silu": "silu", "tanh": "gelu_tanh", "none": "gelu"}  # ACT_KINDS -> gated_mlp's names
 
 
-def unhooked(*mods: nn.Module) -> bool:
+def unhooked(*mods: nn.Module, idle: Callable[[Any], bool] | None = None) -> bool:
     """No forward or backward hook on these modules, nor a global module hook: a replacement that
     reads their weights instead of calling them would skip it silently. Checked at every call a
-    replacement takes that way (a hook may come after kernelize)."""
+    replacement takes that way (a hook may come after kernelize). ``idle(hook)``: True for a
+    forward hook that may be skipped at this call (hf.layers: transformers' output capture while
+    it records nothing)."""
     from torch.nn.modules import module as nn_module
     if (nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks or nn_module._global_backward_hooks
             or nn_module._global_backward_pre_hooks):
         return False
     for m in mods:
-        if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
+        if m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
+            return False
+        if m._forward_hooks and (idle is None or not all(idle(h) for h in m._forward_hooks.values())):
             return False
     return True
 
