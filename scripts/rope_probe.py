@@ -120,6 +120,72 @@ def _serve_grid2(POS, Q, K, CACHE, HQ, HK, NB1, max_pos, sqt, skt, sc, D: tl.con
 
 
 @triton.jit
+def _tok_load(POS, Q, K, CACHE, t, T, max_pos, sqt, skt, sc, oq, okk, i, HALF: tl.constexpr):
+    """Token t's position, cos/sin row and q/k halves (t clamped to the last token: a program's
+    prefetch past its last item reads a valid row and is never stored)."""
+    t = tl.minimum(t, T - 1).to(tl.int64)
+    pos = tl.load(POS + t).to(tl.int64)
+    ok = (pos >= 0) & (pos < max_pos)
+    row = tl.where(ok, pos, 0)
+    qa = tl.load(Q + t * sqt + oq, eviction_policy="evict_first")
+    qb = tl.load(Q + t * sqt + HALF + oq, eviction_policy="evict_first")
+    ka = tl.load(K + t * skt + okk, eviction_policy="evict_first")
+    kb = tl.load(K + t * skt + HALF + okk, eviction_policy="evict_first")
+    cos = tl.where(ok, tl.load(CACHE + row * sc + i), 1.0)
+    sin = tl.where(ok, tl.load(CACHE + row * sc + HALF + i), 0.0)
+    return qa, qb, ka, kb, cos, sin
+
+
+@triton.jit
+def _tok_store(Q, K, t, sqt, skt, oq, okk, qa, qb, ka, kb, cos, sin, HALF: tl.constexpr):
+    t = tl.cast(t, tl.int64)
+    dt = Q.dtype.element_ty
+    a = qa.to(tl.float32)
+    b = qb.to(tl.float32)
+    tl.store(Q + t * sqt + oq, (a * cos[None, :] - b * sin[None, :]).to(dt), eviction_policy="evict_first")
+    tl.store(Q + t * sqt + HALF + oq, (b * cos[None, :] + a * sin[None, :]).to(dt), eviction_policy="evict_first")
+    a = ka.to(tl.float32)
+    b = kb.to(tl.float32)
+    tl.store(K + t * skt + okk, (a * cos[None, :] - b * sin[None, :]).to(dt), eviction_policy="evict_first")
+    tl.store(K + t * skt + HALF + okk, (b * cos[None, :] + a * sin[None, :]).to(dt), eviction_policy="evict_first")
+
+
+@triton.jit
+def _serve_persist(POS, Q, K, CACHE, T, max_pos, sqt, skt, sc, HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr,
+                   HALF: tl.constexpr, PREFETCH: tl.constexpr):
+    # persistent: program p rotates q and k of tokens p, p + G, ... (HQ, HK, HALF powers of two);
+    # PREFETCH issues the next token's loads before the current token's math and stores
+    pid = tl.program_id(0)
+    G = tl.num_programs(0)
+    i = tl.arange(0, HALF)
+    oq = tl.arange(0, HQ)[:, None] * D + i[None, :]
+    okk = tl.arange(0, HK)[:, None] * D + i[None, :]
+    if PREFETCH:
+        qa, qb, ka, kb, cos, sin = _tok_load(POS, Q, K, CACHE, pid, T, max_pos, sqt, skt, sc, oq, okk, i, HALF)
+        for t in range(pid, T, G):
+            qa2, qb2, ka2, kb2, cos2, sin2 = _tok_load(POS, Q, K, CACHE, t + G, T, max_pos, sqt, skt, sc, oq, okk,
+                                                       i, HALF)
+            _tok_store(Q, K, t, sqt, skt, oq, okk, qa, qb, ka, kb, cos, sin, HALF)
+            qa, qb, ka, kb, cos, sin = qa2, qb2, ka2, kb2, cos2, sin2
+    else:
+        for t in range(pid, T, G):
+            qa, qb, ka, kb, cos, sin = _tok_load(POS, Q, K, CACHE, t, T, max_pos, sqt, skt, sc, oq, okk, i, HALF)
+            _tok_store(Q, K, t, sqt, skt, oq, okk, qa, qb, ka, kb, cos, sin, HALF)
+
+
+@triton.jit
+def _serve_token(POS, Q, K, CACHE, T, max_pos, sqt, skt, sc, HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr,
+                 HALF: tl.constexpr):
+    # one program per token, q and k together (the shipped form gives q and k programs of their own)
+    t = tl.program_id(0)
+    i = tl.arange(0, HALF)
+    oq = tl.arange(0, HQ)[:, None] * D + i[None, :]
+    okk = tl.arange(0, HK)[:, None] * D + i[None, :]
+    qa, qb, ka, kb, cos, sin = _tok_load(POS, Q, K, CACHE, t, T, max_pos, sqt, skt, sc, oq, okk, i, HALF)
+    _tok_store(Q, K, t, sqt, skt, oq, okk, qa, qb, ka, kb, cos, sin, HALF)
+
+
+@triton.jit
 def _apply_qk(X1, Y1, X2, Y2, COS, SIN, S, H1, H2, NB1, sxb1, sxs1, sxh1, syb1, sys1, syh1, sxb2, sxs2, sxh2, syb2,
               sys2, syh2, scb, scs, sign, HALF: tl.constexpr, BLOCK_H: tl.constexpr, TOK: tl.constexpr):
     # a [TOK, BLOCK_H, HALF] tile (HALF a power of two, S a multiple of TOK: the probe's case)
@@ -186,9 +252,9 @@ def serving(copy: float, quick: bool) -> None:
     t, hq, hk, d = 16384, 32, 8, 128
     half = d // 2
     inv = 1.0 / 10000 ** (torch.arange(0, d, 2, device=dev, dtype=torch.float32) / d)
-    f = torch.outer(torch.arange(4096, device=dev, dtype=torch.float32), inv)
+    f = torch.outer(torch.arange(t, device=dev, dtype=torch.float32), inv)
     cache = torch.cat([f.cos(), f.sin()], -1)
-    pos = torch.randint(0, 4096, (t,), device=dev)
+    pos = torch.randperm(t, device=dev)  # distinct positions: every cache row from HBM, as counted
     q0 = torch.randn(t, hq, d, dtype=torch.bfloat16, device=dev)
     k0 = torch.randn(t, hk, d, dtype=torch.bfloat16, device=dev)
     nbytes = 2 * t * (hq + hk) * d * 2 + t * d * 4
@@ -206,6 +272,23 @@ def serving(copy: float, quick: bool) -> None:
 
     probe(qb, kb, 8, 2, 4)
     _same("rotary_embedding probe", (qa, ka), (qb, kb))
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+
+    def persist(q, k, per_sm, warps, prefetch):
+        _serve_persist[(min(t, per_sm * sms),)](pos, q, k, cache, t, cache.shape[0], q.stride(0), k.stride(0),
+                                               cache.stride(0), HQ=hq, HK=hk, D=d, HALF=half, PREFETCH=prefetch,
+                                               num_warps=warps)
+
+    def token(q, k, warps):
+        _serve_token[(t,)](pos, q, k, cache, t, cache.shape[0], q.stride(0), k.stride(0), cache.stride(0), HQ=hq,
+                           HK=hk, D=d, HALF=half, num_warps=warps)
+
+    for what, fn in (("persistent, prefetch", lambda q, k: persist(q, k, 4, 4, True)),
+                     ("persistent", lambda q, k: persist(q, k, 4, 4, False)),
+                     ("token per program", lambda q, k: token(q, k, 4))):
+        qb, kb = q0.clone(), k0.clone()
+        fn(qb, kb)
+        _same(f"rotary_embedding {what}", (qa, ka), (qb, kb))
 
     rows = []
     q, k = q0.clone(), k0.clone()
@@ -226,6 +309,13 @@ def serving(copy: float, quick: bool) -> None:
             continue
         rows.append((f"one launch BLOCK_H={bh} TOK={tok} warps={warps} {'x first' if xfirst else 'pos first'}",
                      cuda_time_ms(lambda: probe(q, k, bh, tok, warps, xfirst))))
+    for per_sm, warps, prefetch in itertools.product((2, 4, 8, 16), (4, 8), (True, False)):
+        rows.append((f"persistent q+k per token, {per_sm} programs per SM, {warps} warps"
+                     f"{', next token prefetched' if prefetch else ''}",
+                     cuda_time_ms(lambda: persist(q, k, per_sm, warps, prefetch))))
+    for warps in (2, 4, 8):
+        rows.append((f"one program per token (q and k), {warps} warps", cuda_time_ms(lambda: token(q, k, warps))))
+
     def grid2(b1, b2, warps, evict):
         nb1 = hq // b1
         _serve_grid2[(t, nb1 + hk // b2)](pos, q, k, cache, hq, hk, nb1, cache.shape[0], q.stride(0), k.stride(0),
