@@ -16,7 +16,7 @@ of the same bytes 97.4% (one launch) / 94.2% (two). apply_rotary with k in a q-s
 tiles per tensor 88.8-89.1% (shipped). GPT-J pairs (16-byte rows split in registers since
 commit 4a567f4) have a line each, not yet run.
 
-Usage: python scripts/rope_probe.py [--quick]
+Usage: python scripts/rope_probe.py [--quick] [--policy]
 """
 from __future__ import annotations
 
@@ -339,6 +339,53 @@ def serving(copy: float, quick: bool) -> None:
         print(f"  {nbytes / ms / 1e6 / copy * 100:5.1f}%  {ms * 1e3:7.1f} us  {label}")
 
 
+def policy(copy: float) -> None:
+    """rope_fwd_policy's choice against each form and warp count, over model head shapes (T=16384,
+    distinct positions): the (token, head block) grid at 2/4/8 warps, one program per token
+    (qk_one) at 2/4/8/16 warps."""
+    from kernelset.ops.rope import kernels as K
+    from kernelset.ops.rope import launch as rl
+    dev = torch.device("cuda")
+    t = 16384
+    print(f"\nrope_fwd_policy sweep, T={t}, bf16, fp32 cache, distinct positions (% of copy):")
+    for hq, hk, d in ((32, 8, 128), (28, 4, 128), (64, 8, 128), (32, 4, 128), (32, 32, 96), (16, 16, 64), (8, 1, 256),
+                      (40, 8, 128)):
+        half = d // 2
+        inv = 1.0 / 10000 ** (torch.arange(0, d, 2, device=dev, dtype=torch.float32) / d)
+        f = torch.outer(torch.arange(t, device=dev, dtype=torch.float32), inv)
+        cache = torch.cat([f.cos(), f.sin()], -1)
+        pos = torch.randperm(t, device=dev)
+        q0 = torch.randn(t, hq, d, dtype=torch.bfloat16, device=dev)
+        k0 = torch.randn(t, hk, d, dtype=torch.bfloat16, device=dev)
+        nbytes = 2 * t * (hq + hk) * d * 2 + t * d * 4 + t * 8
+        p = rl.rope_fwd_policy(t, hq, hk, half)
+        block_r = rl._pow2(half)
+        cap = max(1, 2048 // block_r)
+        b1, b2 = rl._heads_per_program(hq, cap), rl._heads_per_program(hk, cap)
+        nb1 = -(-hq // b1)
+
+        def run(q, k, qk_one, warps):
+            grid = (t, 1) if qk_one else (t, nb1 + -(-hk // b2))
+            K._rope_fwd_kernel[grid](pos, q, k, cache, hq, hk, nb1, cache.shape[0], q.stride(0), k.stride(0),
+                                     cache.stride(0), D=d, HALF=half, INTERLEAVED=False, BLOCK_H1=b1, BLOCK_H2=b2,
+                                     BLOCK_R=block_r, QK_ONE=qk_one, num_warps=warps)
+
+        qa, ka = q0.clone(), k0.clone()
+        rl.rope_fwd(pos, qa, ka, cache, False, d)
+        forms = [(False, w) for w in (2, 4, 8)] + ([(True, w) for w in (2, 4, 8, 16)] if nb1 == 1 and hk <= cap
+                                                   else [])
+        q, k = q0.clone(), k0.clone()
+        res = [(f"policy ({'qk_one' if p.qk_one else 'grid'}, {p.num_warps} warps)",
+                cuda_time_ms(lambda: rl.rope_fwd(pos, q, k, cache, False, d)))]
+        for qk_one, w in forms:
+            qb, kb = q0.clone(), k0.clone()
+            run(qb, kb, qk_one, w)
+            assert torch.equal(qa, qb) and torch.equal(ka, kb), (hq, hk, d, qk_one, w)
+            res.append((f"{'qk_one' if qk_one else 'grid'} {w} warps", cuda_time_ms(lambda: run(q, k, qk_one, w))))
+        line = "  ".join(f"{label} {nbytes / ms / 1e6 / copy * 100:.1f}" for label, ms in res)
+        print(f"  {hq}/{hk} D{d}: {line}")
+
+
 def apply(copy: float, quick: bool) -> None:
     from kernelset.ops.rope import launch as rl
     dev = torch.device("cuda")
@@ -401,6 +448,9 @@ def main() -> int:
     copy = copy_bandwidth_gbs(dev)
     print(f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}, Triton {triton.__version__}, "
           f"copy {copy:.0f} GB/s")
+    if "--policy" in sys.argv:
+        policy(copy)
+        return 0
     serving(copy, quick)
     apply(copy, quick)
     bench_replica(copy)

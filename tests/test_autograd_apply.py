@@ -50,12 +50,13 @@ def test_apply_defers_to_function_apply_under_functorch(monkeypatch):
 
 # (op, a call on x [4, 32] that requires grad): every differentiable op that runs through the eager node
 _DOUBLE_CASES = {
-    "rms_norm": lambda x, b: ks.rms_norm(x, torch.ones(32), backend=b),
+    "rms_norm": lambda x, b: ks.rms_norm(x, torch.ones(32, device=x.device), backend=b),
     "silu_and_mul": lambda x, b: ks.silu_and_mul(x, backend=b),
     "gelu": lambda x, b: ks.gelu(x, backend=b),
     "log_softmax": lambda x, b: ks.log_softmax(x, backend=b),
     "apply_rotary": lambda x, b: ks.apply_rotary(x.view(1, 4, 1, 32), x.view(1, 4, 1, 32) * 2,
-                                                 torch.ones(1, 1, 32), torch.zeros(1, 1, 32), backend=b).q,
+                                                 torch.ones(1, 1, 32, device=x.device),
+                                                 torch.zeros(1, 1, 32, device=x.device), backend=b).q,
     "flash_attention": lambda x, b: ks.flash_attention(x.view(1, 4, 1, 32), x.view(1, 4, 1, 32),
                                                        x.view(1, 4, 1, 32), backend=b),
 }
@@ -63,12 +64,12 @@ _DOUBLE_CASES = {
 
 @pytest.mark.parametrize("backend", ["triton", "reference"])
 @pytest.mark.parametrize("op", _DOUBLE_CASES, ids=list(_DOUBLE_CASES))
-def test_second_order_gradient_is_refused_by_name(op, backend):
+def test_second_order_gradient_is_refused_by_name(op, backend, device):
     """create_graph=True, then a gradient of the gradient (a gradient penalty): the eager node's
     backward is a kernel (its output carries no graph: the op's second-order term silently vanished
     from a sum with other terms) or explicit formulas (wrong where a saved statistic depends on the
     input). It raises by name for every op; first-order gradients and retain_graph are unaffected."""
-    x = torch.randn(4, 32, requires_grad=True)
+    x = torch.randn(4, 32, device=device, requires_grad=True)  # (a CUDA tensor on the GPU machine)
     y = _DOUBLE_CASES[op](x, backend)
     with pytest.raises(RuntimeError, match=f"kernelset.{op}: backward with create_graph=True"):
         torch.autograd.grad((y.float().pow(2).sum() + x.pow(3).sum()), x, create_graph=True)

@@ -375,17 +375,21 @@ from kernelset.ops.rope import kernels as K
 sig = dict(POS="*i64", Q="*bf16", K="*bf16", CACHE="*fp32", HQ="i32", HK="i32", NB1="i32", max_pos="i32",
            stride_qt="i32", stride_kt="i32", stride_c="i32")
 out = []
-# the launcher's tiles for 32 q / 8 k heads: (head size, rotary dim / 2, GPT-J pairs, q heads per program)
-for d, half, inter, bh in ((128, 64, False, 32), (128, 64, True, 32), (80, 16, False, 32)):
-    consts = dict(D=d, HALF=half, INTERLEAVED=inter, BLOCK_H1=bh, BLOCK_H2=8, BLOCK_R=half)
+from kernelset.ops.rope.launch import rope_fwd_policy
+# the launcher's tiles: (head size, rotary dim / 2, GPT-J pairs, q heads, k heads); 32/8 heads take
+# one program per token (qk_one), 64/8 heads of 256 a (token, head block) grid
+for d, half, inter, hq, hk in ((128, 64, False, 32, 8), (128, 64, True, 32, 8), (80, 16, False, 32, 8),
+                               (256, 128, False, 64, 8)):
+    p = rope_fwd_policy(16384, hq, hk, half)
+    consts = dict(D=d, HALF=half, INTERLEAVED=inter, BLOCK_H1=p.block_h1, BLOCK_H2=p.block_h2, BLOCK_R=p.block_r,
+                  QK_ONE=bool(p.qk_one))
     attrs = {(k,): [["tt.divisibility", 16]] for k, (n, ty) in enumerate(sig.items())
              if ty.startswith("*") or n in ("stride_qt", "stride_kt", "stride_c")}
     src = ASTSource(K._rope_fwd_kernel, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
                     attrs=attrs)
-    warps = 4 if bh * half >= 1024 else 2
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps)).asm["ptx"]
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=p.num_warps)).asm["ptx"]
     # q/k must move in vectors, NeoX halves and GPT-J rows alike
-    out.append(dict(case=f"d{d}-r{2 * half}-inter{inter}", local="ld.local" in ptx or "st.local" in ptx,
+    out.append(dict(case=f"d{d}-r{2 * half}-inter{inter}-qk_one{p.qk_one}", local="ld.local" in ptx or "st.local" in ptx,
                     vec=qk_vectors(ptx)))
 asig = dict(X1="*bf16", Y1="*bf16", X2="*bf16", Y2="*bf16", COS="*fp32", SIN="*fp32", S="i32", H1="i32", H2="i32",
             NB1="i32", sxb1="i32", sxs1="i32", sxh1="i32", syb1="i32", sys1="i32", syh1="i32", sxb2="i32",
@@ -405,7 +409,7 @@ print(json.dumps(out))
 
 
 def test_kernels_compile_for_sm90():
-    compile_report(_AOT, 5)
+    compile_report(_AOT, 6)
 
 
 # ---- apply_rotary's eager replay table (api._APPLY_EAGER) -----------------------------------

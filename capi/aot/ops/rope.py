@@ -78,8 +78,8 @@ ROPE_FWD = Op(
               ("int64_t", "k_heads"), ("int64_t", "max_pos"), ("int64_t", "stride_qt"), ("int64_t", "stride_kt"),
               ("int64_t", "stride_c"), ("int64_t", "head_size"), ("int64_t", "cache_cols"), ("int", "interleaved")],
     c_body=r"""
-  /* kernelset.ops.rope.launch.rope_fwd: q and k in one launch (k's blocks empty when K is NULL
-     or has no heads, q standing in for its pointer) */
+  /* kernelset.ops.rope.launch.rope_fwd: q and k in one launch (k's blocks, or k's part of a
+     qk_one program, empty when K is NULL or has no heads, q standing in for its pointer) */
   int e = 0;
   const int64_t half = ks_pol_floordiv(cache_cols, 2, &e);
   const int64_t hk = K == NULL ? 0 : k_heads;
@@ -89,7 +89,8 @@ ROPE_FWD = Op(
   void *kx = hk ? K : Q;
   return ks_k_rope_fwd_kernel(plan, err, errlen, p.grid[0], p.grid[1], 1, p.num_warps, -1, 1,
       POS, pos_dtype, Q, x_dtype, kx, x_dtype, CACHE, cache_dtype, q_heads, hk, p.nb1, max_pos, stride_qt,
-      hk ? stride_kt : stride_qt, stride_c, head_size, half, interleaved, p.block_h1, p.block_h2, p.block_r);
+      hk ? stride_kt : stride_qt, stride_c, head_size, half, interleaved, p.block_h1, p.block_h2, p.block_r,
+      p.qk_one);
 """,
     cases=_rope_cases,
     python=_rope_python,

@@ -62,28 +62,50 @@ def _rope_rotate_inplace(X, t, hblock, H, stride_t, cos, sin, D: tl.constexpr, H
 
 
 @triton.jit
-def _rope_fwd_kernel(POS, Q, K, CACHE, HQ, HK, NB1, max_pos, stride_qt, stride_kt, stride_c, D: tl.constexpr,
-                     HALF: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_H1: tl.constexpr,
-                     BLOCK_H2: tl.constexpr, BLOCK_R: tl.constexpr):
-    # q and k in one launch over a (token, head block) grid: blocks [0, NB1) take BLOCK_H1 of q's
-    # heads, the rest BLOCK_H2 of k's (each tile sized to its tensor). Tokens run fastest, so the
-    # launch sweeps q's rows, then k's, as two launches would, without the second launch's
-    # start and tail.
-    t = tl.program_id(0).to(tl.int64)
-    hb = tl.program_id(1)
+def _rope_cos_sin(CACHE, pos, max_pos, stride_c, HALF: tl.constexpr, BLOCK_R: tl.constexpr):
+    """The position's cos and sin halves, [BLOCK_R] fp32; a position outside [0, max_pos) reads
+    row 0 and gets the identity (cos 1, sin 0)."""
     i = tl.arange(0, BLOCK_R)
-    pos = tl.load(POS + t).to(tl.int64)
     ok = (pos >= 0) & (pos < max_pos)
-    row = tl.where(ok, pos, 0)  # a bad position reads row 0 and is then turned into the identity
+    row = tl.where(ok, pos, 0)
     imask = i < HALF
     cos = tl.load(CACHE + row * stride_c + i, mask=imask, other=1.0).to(tl.float32)
     sin = tl.load(CACHE + row * stride_c + HALF + i, mask=imask, other=0.0).to(tl.float32)
-    cos = tl.where(ok, cos, 1.0)
-    sin = tl.where(ok, sin, 0.0)
-    if hb < NB1:
-        _rope_rotate_inplace(Q, t, hb, HQ, stride_qt, cos, sin, D, HALF, INTERLEAVED, BLOCK_H1, BLOCK_R)
+    return tl.where(ok, cos, 1.0), tl.where(ok, sin, 0.0)
+
+
+@triton.jit
+def _rope_fwd_kernel(POS, Q, K, CACHE, HQ, HK, NB1, max_pos, stride_qt, stride_kt, stride_c, D: tl.constexpr,
+                     HALF: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_H1: tl.constexpr,
+                     BLOCK_H2: tl.constexpr, BLOCK_R: tl.constexpr, QK_ONE: tl.constexpr):
+    # q and k in one launch. QK_ONE: one program per token rotates all of its q heads (BLOCK_H1 >=
+    # HQ) and k heads (BLOCK_H2 >= HK; none when HK = 0), the x loads issued before the position's
+    # cos/sin row they do not depend on. Otherwise a (token, head block) grid: blocks [0, NB1)
+    # take BLOCK_H1 of q's heads, the rest BLOCK_H2 of k's (each tile sized to its tensor).
+    # Tokens run fastest, so the launch sweeps q's rows, then k's, as two launches would,
+    # without the second launch's start and tail.
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(POS + t).to(tl.int64)
+    if QK_ONE:
+        hq = tl.arange(0, BLOCK_H1)
+        hk = tl.arange(0, BLOCK_H2)
+        qrow = Q + t * stride_qt + hq[:, None] * D
+        krow = K + t * stride_kt + hk[:, None] * D
+        qa, qb = _pairs_load(qrow, hq < HQ, HALF, INTERLEAVED, BLOCK_H1, BLOCK_R)
+        ka, kb = _pairs_load(krow, hk < HK, HALF, INTERLEAVED, BLOCK_H2, BLOCK_R)
+        cos, sin = _rope_cos_sin(CACHE, pos, max_pos, stride_c, HALF, BLOCK_R)
+        dt = Q.dtype.element_ty
+        _pairs_store(qrow, (qa * cos[None, :] - qb * sin[None, :]).to(dt), (qb * cos[None, :] + qa * sin[None, :]).to(dt),
+                     hq < HQ, HALF, INTERLEAVED, BLOCK_H1, BLOCK_R)
+        _pairs_store(krow, (ka * cos[None, :] - kb * sin[None, :]).to(dt), (kb * cos[None, :] + ka * sin[None, :]).to(dt),
+                     hk < HK, HALF, INTERLEAVED, BLOCK_H2, BLOCK_R)
     else:
-        _rope_rotate_inplace(K, t, hb - NB1, HK, stride_kt, cos, sin, D, HALF, INTERLEAVED, BLOCK_H2, BLOCK_R)
+        hb = tl.program_id(1)
+        cos, sin = _rope_cos_sin(CACHE, pos, max_pos, stride_c, HALF, BLOCK_R)
+        if hb < NB1:
+            _rope_rotate_inplace(Q, t, hb, HQ, stride_qt, cos, sin, D, HALF, INTERLEAVED, BLOCK_H1, BLOCK_R)
+        else:
+            _rope_rotate_inplace(K, t, hb - NB1, HK, stride_kt, cos, sin, D, HALF, INTERLEAVED, BLOCK_H2, BLOCK_R)
 
 
 @triton.jit

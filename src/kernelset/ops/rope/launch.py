@@ -28,27 +28,36 @@ class RopeLaunch:
     block_r: int
     num_warps: int
     nb1: int  # programs per token over q's heads
-    grid: tuple[int, int]  # (tokens, q's and k's head blocks)
+    grid: tuple[int, int]  # (tokens, q's and k's head blocks; 1 with qk_one)
+    qk_one: int = 0  # 1: one program per token rotates all of q's and k's heads
 
 
 @functools.lru_cache(maxsize=4096)
 def rope_fwd_policy(t: int, hq: int, hk: int, half: int) -> RopeLaunch:
     """Tiles of _rope_fwd_kernel over ``t`` tokens of q (``hq`` heads) and k (``hk``, 0 without
     k) rotating ``half`` pairs per head: all pairs of a head, each tensor's heads stacked up to
-    ~2048 pairs per program, q and k in one launch. One launch instead of one per tensor: a
-    second launch's start and tail cost 3 points of copy at T=16384 32/8 D128 on the H200 (a
-    copy of the same bytes: 97.4% in one launch, 94.4% in two), and its host time made the
-    eager call host-bound there. The grid runs tokens fastest: a token's q and k blocks
-    adjacent measured 85.3% against two launches' 89.3%, tokens fastest 89.2%, and with the
-    kernel's evict_first hints 92.3% (scripts/rope_probe.py, docs/benchmarks/2026-11-27-s20)."""
+    ~2048 pairs per program, q and k in one launch. Where each tensor's heads fit one program,
+    one program per token takes both (``qk_one``), its q and k loads in flight before the
+    position's cos/sin row: T=16384 32/8 D128 on the H200 92.8% of copy with 8 warps against
+    90.6% for the (token, tensor) grid (scripts/rope_probe.py, docs/benchmarks/2026-11-28-s28).
+    Otherwise a (token, head block) grid, tokens fastest. One launch instead of one per tensor:
+    a second launch's start and tail cost 3 points of copy at that shape (a copy of the same
+    bytes: 97.4% in one launch, 94.4% in two), and its host time made the eager call host-bound
+    there; tokens fastest 89.2% against 85.3% with a token's q and k blocks adjacent, and 92.3%
+    with the kernel's evict_first hints (docs/benchmarks/2026-11-27-s20)."""
     block_r = _pow2(half)
     cap = max(1, 2048 // block_r)
     b1 = _heads_per_program(hq, cap)
     b2 = _heads_per_program(hk, cap) if hk else 1
     nb1 = -(-hq // b1)
     nb = nb1 + -(-hk // b2)
+    if nb1 == 1 and nb <= 2:
+        qpairs = b1 * block_r
+        warps = 8 if qpairs >= 2048 else (4 if qpairs >= 512 else 2)
+        if hk == 0 or b2 * block_r >= 64 * warps:  # k's tile still 2 elements per thread (vector access)
+            return RopeLaunch(b1, b2, block_r, warps, 1, (t, 1), 1)
     warps = 4 if max(b1, b2) * block_r >= 1024 else 2
-    return RopeLaunch(b1, b2, block_r, warps, nb1, (t, nb))
+    return RopeLaunch(b1, b2, block_r, warps, nb1, (t, nb), 0)
 
 
 def _fwd_launch(positions, q, k, cache, interleaved, head_size):
@@ -64,7 +73,7 @@ def _fwd_launch(positions, q, k, cache, interleaved, head_size):
     # without k (or with no k heads) the k blocks are empty: q stands in for the pointer
     kx = k if hk else q
     ints = (hq, hk, p.nb1, cache.shape[0], q.stride(0), kx.stride(0), cache.stride(0))
-    site = (head_size, half, bool(interleaved), p.block_h1, p.block_h2, p.block_r, p.num_warps)
+    site = (head_size, half, bool(interleaved), p.block_h1, p.block_h2, p.block_r, p.num_warps, bool(p.qk_one))
     return p, site, ints, hk > 0
 
 
@@ -76,7 +85,7 @@ def rope_fwd(positions, q, k, cache, interleaved, head_size):
     kx = k if has_k else q
     if not _fwd.at(site, p.grid, positions, q, kx, cache, *ints):
         _fwd(p.grid, positions, q, kx, cache, *ints, site=site, D=head_size, HALF=site[1], INTERLEAVED=site[2],
-             BLOCK_H1=p.block_h1, BLOCK_H2=p.block_h2, BLOCK_R=p.block_r, num_warps=p.num_warps)
+             BLOCK_H1=p.block_h1, BLOCK_H2=p.block_h2, BLOCK_R=p.block_r, QK_ONE=site[7], num_warps=p.num_warps)
 
 
 def rope_fwd_replay(positions, q, k, cache, interleaved, head_size):
