@@ -380,8 +380,14 @@ def policy(copy: float) -> None:
         for qk_one, w in forms:
             qb, kb = q0.clone(), k0.clone()
             run(qb, kb, qk_one, w)
-            assert torch.equal(qa, qb) and torch.equal(ka, kb), (hq, hk, d, qk_one, w)
+            for a, b in ((qa, qb), (ka, kb)):  # the forms may contract FMAs differently: a rounding
+                assert float((a.float() - b.float()).abs().max()) <= 0.02 * float(a.float().abs().max()), (hq, hk, d)
             res.append((f"{'qk_one' if qk_one else 'grid'} {w} warps", cuda_time_ms(lambda: run(q, k, qk_one, w))))
+        if (hq, hk, d) == (32, 8, 128):  # the probe's maskless token form, for the masks' cost
+            for w in (4, 8):
+                res.append((f"probe token {w} warps", cuda_time_ms(lambda: _serve_token[(t,)](
+                    pos, q, k, cache, t, cache.shape[0], q.stride(0), k.stride(0), cache.stride(0), HQ=hq, HK=hk, D=d,
+                    HALF=half, num_warps=w))))
         line = "  ".join(f"{label} {nbytes / ms / 1e6 / copy * 100:.1f}" for label, ms in res)
         print(f"  {hq}/{hk} D{d}: {line}")
 
