@@ -36,26 +36,30 @@ class RopeLaunch:
 def rope_fwd_policy(t: int, hq: int, hk: int, half: int) -> RopeLaunch:
     """Tiles of _rope_fwd_kernel over ``t`` tokens of q (``hq`` heads) and k (``hk``, 0 without
     k) rotating ``half`` pairs per head: all pairs of a head, each tensor's heads stacked up to
-    ~2048 pairs per program, q and k in one launch. Where each tensor's heads fit one program,
-    one program per token takes both (``qk_one``), its q and k loads in flight before the
-    position's cos/sin row: T=16384 32/8 D128 on the H200 92.8% of copy with 8 warps against
-    90.6% for the (token, tensor) grid (scripts/rope_probe.py, docs/benchmarks/2026-11-28-s28).
-    Otherwise a (token, head block) grid, tokens fastest. One launch instead of one per tensor:
-    a second launch's start and tail cost 3 points of copy at that shape (a copy of the same
-    bytes: 97.4% in one launch, 94.4% in two), and its host time made the eager call host-bound
-    there; tokens fastest 89.2% against 85.3% with a token's q and k blocks adjacent, and 92.3%
-    with the kernel's evict_first hints (docs/benchmarks/2026-11-27-s20)."""
+    ~2048 pairs per program, q and k in one launch.
+
+    Where k is a quarter of q or less (GQA) and both fit one program, one program per token
+    takes both (``qk_one``), its q and k loads in flight before the position's cos/sin row: the
+    (token, tensor) grid then gives a q and a k program of very different sizes. H200, T=16384,
+    % of copy (scripts/rope_probe.py --policy, docs/benchmarks/2026-11-28-s28): 28/4 heads D128
+    92.1 against the grid's 88.6-88.9, 32/4 89.3 against 86.8, 32/8 91.2-91.4 against 90.4; warps
+    by q's tile, at most k's pairs / 64 (k's tile keeps 2 elements per thread: 8 warps at 32/4
+    ran 77%). Equal q and k (32/32 D96: grid 97.3, qk_one 95.0) and small k tiles (8/1 D256:
+    grid 82.8, qk_one 61-69) keep the grid, tokens fastest. One launch instead of one per tensor:
+    a second launch's start and tail cost 3 points of copy at 32/8 (a copy of the same bytes:
+    97.4% in one launch, 94.4% in two); tokens fastest 89.2% against 85.3% with a token's q and k
+    blocks adjacent, and 92.3% with the kernel's evict_first hints (docs/benchmarks/2026-11-27-s20)."""
     block_r = _pow2(half)
     cap = max(1, 2048 // block_r)
     b1 = _heads_per_program(hq, cap)
     b2 = _heads_per_program(hk, cap) if hk else 1
     nb1 = -(-hq // b1)
     nb = nb1 + -(-hk // b2)
-    if nb1 == 1 and nb <= 2:
-        qpairs = b1 * block_r
-        warps = 8 if qpairs >= 2048 else (4 if qpairs >= 512 else 2)
-        if hk == 0 or b2 * block_r >= 64 * warps:  # k's tile still 2 elements per thread (vector access)
-            return RopeLaunch(b1, b2, block_r, warps, 1, (t, 1), 1)
+    qpairs = b1 * block_r
+    kpairs = b2 * block_r  # a power of two: kpairs // 64 is one too (>= 4 here)
+    if hk > 0 and nb == 2 and 256 <= kpairs and 4 * kpairs <= qpairs:
+        warps = min(8 if qpairs >= 2048 else (4 if qpairs >= 512 else 2), kpairs // 64)
+        return RopeLaunch(b1, b2, block_r, warps, 1, (t, 1), 1)
     warps = 4 if max(b1, b2) * block_r >= 1024 else 2
     return RopeLaunch(b1, b2, block_r, warps, nb1, (t, nb), 0)
 
