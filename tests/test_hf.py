@@ -179,7 +179,7 @@ def test_deepcopy_of_a_kernelized_model_is_a_plain_copy():
         handle.reset_counts()
         assert torch.equal(logits(twin, ids), base) and handle.counts == {}
         for m in (twin, layer):
-            assert not any(k in sub.__dict__ for sub in m.modules() for k in ("forward", "__deepcopy__")), m
+            assert not any(k in sub.__dict__ for sub in m.modules() for k in ("forward", "__getstate__")), m
         assert twin.config._attn_implementation == "eager" and "_ks_kernelized" not in twin.__dict__
         assert not twin._forward_pre_hooks and not twin.model._forward_hooks
         assert "_loss_function" not in twin.__dict__
@@ -195,8 +195,43 @@ def test_deepcopy_of_a_kernelized_model_is_a_plain_copy():
         with torch.no_grad():  # the zeroed copy of the layer computes with its own (zero) weights
             pe = model.model.rotary_emb(x, torch.arange(6, device=DEVICE)[None])
             assert torch.equal(layer(x, position_embeddings=pe), x)
-    assert not any("__deepcopy__" in m.__dict__ for m in model.modules())
+    assert not any("__getstate__" in m.__dict__ for m in model.modules())
     assert torch.equal(logits(model, ids), base)
+
+
+def test_torch_save_of_a_kernelized_model_saves_the_plain_model():
+    """torch.save(model) (and pickle) of a kernelized model raised TypeError: cannot pickle
+    '_thread._local' object. It now saves the plain model, as a deep copy gives it: loaded, it
+    runs its own forwards with the attention implementation it had and shares one config among
+    its modules; the kernelized original keeps running (and counting) kernelset's ops."""
+    import io
+    import pickle
+    model = tiny_model("llama")
+    ids = torch.randint(0, 128, (1, 6), device=DEVICE)
+    base = logits(model, ids)
+    with kernelize(model) as handle:
+        buf = io.BytesIO()
+        torch.save(model, buf)
+        buf.seek(0)
+        loaded = torch.load(buf, weights_only=False)
+        layer = pickle.loads(pickle.dumps(model.model.layers[0]))
+        handle.reset_counts()
+        assert torch.equal(logits(loaded, ids), base) and handle.counts == {}
+        assert loaded.config._attn_implementation == "eager" and "_ks_kernelized" not in loaded.__dict__
+        attn = loaded.model.layers[0].self_attn
+        assert attn.config is loaded.config and loaded.model.rotary_emb.config is loaded.config
+        assert layer.self_attn.config._attn_implementation == "eager"
+        for m in (loaded, layer):
+            assert not any(k in sub.__dict__ for sub in m.modules() for k in ("forward", "__getstate__")), m
+        assert not loaded._forward_pre_hooks and not loaded.model._forward_hooks
+        # the original is still kernelized, its config still names kernelset's attention
+        assert model.config._attn_implementation != "eager" and rel_err(logits(model, ids), base) < 1e-5
+        assert handle.counts
+        model.config.use_cache = False  # a config changed after kernelize: the next save has it
+        again = pickle.loads(pickle.dumps(model))
+        assert again.config.use_cache is False and again.config._attn_implementation == "eager"
+    loaded2 = pickle.loads(pickle.dumps(model))  # after restore(): pickled as any model
+    assert torch.equal(logits(loaded2, ids), base)
 
 
 def test_unmatched_module_is_left_alone_and_reported():

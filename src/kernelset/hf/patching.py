@@ -261,7 +261,7 @@ class Kernelized:
         self.skipped: list[Skipped] = []
         self.left_to_torch: list[str] = []  # whole ops kernelset does not provide yet
         self._undo: list[Callable[[], None]] = []
-        # what a deep copy of the model must not carry over (``_deepcopy``): instance attributes set
+        # what a copy of the model must not carry over (``copies.PlainCopies``): instance attributes set
         # on modules (module, name, had one before, the value before), hooks (module, hook id), and
         # the attention implementation of every config (config, its value before)
         self._attrs: list[tuple[nn.Module, str, bool, Any]] = []
@@ -293,62 +293,6 @@ class Kernelized:
 
     def __enter__(self) -> "Kernelized":
         return self
-
-    def _guard_copies(self) -> None:
-        """``copy.deepcopy`` of the model, or of any module kernelize touched, gives a plain copy.
-
-        The replacements are closures over the original modules (a copy would run the original's
-        weights) and the hooks and handle hold thread-locals (which cannot be copied at all), so each
-        such module gets an instance ``__deepcopy__`` (removed by ``restore()``) that copies it
-        without them: the copy's own forwards, no hooks, the attention implementation it had."""
-        seen: set[int] = set()
-        mods = [self.model, *(m for m, *_ in self._attrs), *(m for m, _ in self._hooks)]
-        for m in mods:
-            if id(m) in seen or "__deepcopy__" in m.__dict__:
-                continue
-            seen.add(id(m))
-            object.__setattr__(m, "__deepcopy__", lambda memo, m=m: self._deepcopy(m, memo))
-            self._undo.append(lambda m=m: m.__dict__.pop("__deepcopy__", None))
-
-    def _deepcopy(self, m: nn.Module, memo: dict) -> nn.Module:
-        own = m.__dict__.pop("__deepcopy__")
-        for o in (self, self.ops, self.scope):  # shared, not copied (the copy drops them below)
-            memo.setdefault(id(o), o)
-        # the modules copied inside this copy are cleaned once it is done (a parent's copy is still
-        # empty while its children are copied)
-        outer = ("kernelset.hf", id(self)) not in memo
-        memo[("kernelset.hf", id(self))] = True
-        try:
-            c = copy.deepcopy(m, memo)
-        finally:
-            object.__setattr__(m, "__deepcopy__", own)
-            if outer:
-                del memo[("kernelset.hf", id(self))]
-        if outer:
-            self._clean_copies(memo)
-        return c
-
-    def _clean_copies(self, memo: dict) -> None:
-        """Undo kernelize on the copies ``memo`` holds of the modules and configs it changed."""
-        for mod, name, had, old in self._attrs:
-            cm = memo.get(id(mod))
-            if cm is not None and cm is not mod:
-                if had:
-                    cm.__dict__[name] = old
-                else:
-                    cm.__dict__.pop(name, None)
-        for mod, hid in self._hooks:
-            cm = memo.get(id(mod))
-            if cm is not None and cm is not mod and "_forward_hooks" in cm.__dict__:
-                for hooks in (cm._forward_pre_hooks, cm._forward_hooks, cm._forward_hooks_always_called):
-                    hooks.pop(hid, None)
-        for cfg, value in self._configs:
-            cc = memo.get(id(cfg))
-            if cc is not None and cc is not cfg:
-                cc._attn_implementation_internal = value
-        cm = memo.get(id(self.model))
-        if cm is not None and cm is not self.model:
-            cm.__dict__.pop("_ks_kernelized", None)
 
     def __exit__(self, *exc: Any) -> None:
         self.restore()
@@ -792,7 +736,8 @@ def kernelize(model: nn.Module, *, mode: Mode | str = Mode.INFERENCE,
         handle.restore()
         raise
     object.__setattr__(model, "_ks_kernelized", handle)
-    handle._guard_copies()
+    from .copies import PlainCopies
+    PlainCopies(handle).install()  # a deep copy, pickle or torch.save of the model: the plain model
     handle.reset_counts()  # the probes ran patched modules on the reference backends
     return handle
 
