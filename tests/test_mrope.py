@@ -57,6 +57,7 @@ CASES = [
     ("interleaved-odd", 4, 2, 2, 96, 96, (8, 20, 20), True, False,
      "3 s_h > R/2: the interleaving clips as the model's slices do"),
     ("one-token", 1, 8, 1, 64, 64, (8, 12, 12), False, False, "decode"),
+    ("gqa-16-4", 3, 16, 4, 128, 128, (16, 24, 24), False, False, "k a quarter of q: one program per token (qk_one)"),
 ]
 
 
@@ -309,9 +310,10 @@ sig = dict(POS="*i64", Q="*bf16", K="*bf16", WQ="*bf16", WK="*bf16", CACHE="*fp3
 out = []
 # Qwen2-VL bands, Qwen3-VL interleaved, and GPT-J pairs, for the bench's 32 q / 8 k heads of 128
 for inter_sec, sec, gptj in ((False, (16, 24, 24), False), (True, (24, 20, 20), False), (False, (16, 24, 24), True)):
-    bh, bh2, br, bt, warps, _, _ = ext_tiles(32, 8, 128, 64, False)
+    bh, bh2, br, bt, warps, _, _, qk_one = ext_tiles(32, 8, 128, 64, False)
     consts = dict(D=128, HALF=64, INTERLEAVED=gptj, NORM=False, CAST=0, MROPE=True, S0=sec[0], S1=sec[1], S2=sec[2],
-                  MROPE_INTERLEAVED=inter_sec, BLOCK_H1=bh, BLOCK_H2=bh2, BLOCK_R=br, BLOCK_T=bt)
+                  MROPE_INTERLEAVED=inter_sec, BLOCK_H1=bh, BLOCK_H2=bh2, BLOCK_R=br, BLOCK_T=bt,
+                  QK_ONE=bool(qk_one))
     attrs = {(k,): [["tt.divisibility", 16]] for k, (n, ty) in enumerate(sig.items())
              if ty.startswith("*") or n in ("stride_qt", "stride_kt", "stride_c", "stride_ps")}
     src = ASTSource(K._rope_ext_fwd_kernel, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,

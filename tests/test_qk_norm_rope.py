@@ -63,6 +63,7 @@ CASES = [
     ("gemma-256", 3, 2, 1, 256, 256, True, "Gemma 3 head 256, q as [T, H * D]"),
     ("partial-80", 5, 3, 3, 80, 32, False, "rotary_dim < D: the tail is normalized but not rotated"),
     ("head-96", 1, 5, 1, 96, 96, False, "one token, a non power-of-two head"),
+    ("gqa-16-4", 3, 16, 4, 128, 128, False, "k a quarter of q: one program per token for both (qk_one)"),
 ]
 
 
@@ -338,10 +339,11 @@ out = []
 for d, rot, cast, mrope, gptj in ((128, 128, 1, False, False), (128, 128, 2, False, False), (128, 128, 0, False, False),
                                   (256, 256, 2, False, False), (80, 32, 1, False, False), (128, 128, 1, True, False),
                                   (128, 128, 1, False, True)):
-    bh, bh2, br, bt, warps, _, _ = ext_tiles(32, 8, d, rot // 2, True)
+    bh, bh2, br, bt, warps, _, _, qk_one = ext_tiles(32, 8, d, rot // 2, True)
     s0, s1, s2 = (24, 20, 20) if mrope else (rot // 2, 0, 0)
     consts = dict(D=d, HALF=rot // 2, INTERLEAVED=gptj, NORM=True, CAST=cast, MROPE=mrope, S0=s0, S1=s1, S2=s2,
-                  MROPE_INTERLEAVED=mrope, BLOCK_H1=bh, BLOCK_H2=bh2, BLOCK_R=br, BLOCK_T=bt)
+                  MROPE_INTERLEAVED=mrope, BLOCK_H1=bh, BLOCK_H2=bh2, BLOCK_R=br, BLOCK_T=bt,
+                  QK_ONE=bool(qk_one))
     attrs = {(k,): [["tt.divisibility", 16]] for k, (n, ty) in enumerate(sig.items())
              if ty.startswith("*") or n in ("stride_qt", "stride_kt", "stride_c", "stride_ps")}
     src = ASTSource(K._rope_ext_fwd_kernel, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts,
@@ -355,3 +357,36 @@ print(json.dumps(out))
 
 def test_kernels_compile_for_sm90():
     compile_report(_AOT, 7)
+
+
+@pytest.mark.parametrize("cast", ["llama", "gemma"])
+def test_qk_one_and_grid_forms_give_the_same_bits(cast, device, monkeypatch):
+    """One program per token for q and k (16 q / 4 k heads) against the (token, head block) grid:
+    the same roundings (FMA contraction is off for the bf16 chains), so the same bits."""
+    from kernelset.ops.rope import launch
+    t, hq, hk, d = 5, 16, 4, 128
+    assert launch.ext_tiles(hq, hk, d, d // 2, True)[-1] == 1
+    cache = _cache(64, d, device=device)
+    pos = torch.randint(0, 64, (t,), device=device)
+    q0 = (2 * torch.randn(t, hq, d, device=device)).to(torch.bfloat16)
+    k0 = (2 * torch.randn(t, hk, d, device=device)).to(torch.bfloat16)
+    qw = (0.5 + torch.rand(d, device=device)).to(torch.bfloat16)
+    kw = (0.5 + torch.rand(d, device=device)).to(torch.bfloat16)
+    offset = 1.0 if cast == "gemma" else 0.0
+    outs = []
+    shipped = launch.ext_tiles.__wrapped__
+    for qk_one in (1, 0):
+
+        def tiles(*a, _one=qk_one):
+            b1, b2, br, bt, w, nb1, nb, one = shipped(*a)
+            if _one:
+                return b1, b2, br, bt, w, nb1, nb, one
+            return b1, b2, br, bt, 4, 1, 2, 0  # q's 16 heads in one block, k's 4 in the other
+
+        monkeypatch.setattr(launch, "ext_tiles", tiles)
+        q, k = q0.clone(), k0.clone()
+        ks.qk_norm_rope(q, k, qw, kw, cache, pos, eps=1e-6, offset=offset, cast=cast, backend="triton")
+        outs.append((q, k))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    want_q = _want(q0, qw, pos, cache, 1e-6, offset, cast, False)
+    assert rel_err(outs[0][0], want_q) <= tolerance("elementwise", torch.bfloat16)

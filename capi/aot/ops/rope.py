@@ -188,7 +188,7 @@ ROPE_EXT = Op(
         "(then KW with K), mrope sections when mrope != 0",
     kernels=[KernelRef("kernelset.ops.rope.kernels", "_rope_ext_fwd_kernel", ("stride_qt", "stride_kt", "stride_c"))],
     policies=[PolicyRef("kernelset.ops.rope.launch", "ext_tiles", "ks_pol_rope_ext",
-                        fields=("block_h1", "block_h2", "block_r", "block_t", "num_warps", "nb1", "nb"))],
+                        fields=("block_h1", "block_h2", "block_r", "block_t", "num_warps", "nb1", "nb", "qk_one"))],
     c_params=[("int32_t", "pos_dtype"), ("int32_t", "x_dtype"), ("int32_t", "cache_dtype"), ("int32_t", "w_dtype"),
               ("const void *", "POS"), ("void *", "Q"), ("void *", "K"), ("const void *", "QW"), ("const void *", "KW"),
               ("const void *", "CACHE"), ("int64_t", "T"), ("int64_t", "q_heads"), ("int64_t", "k_heads"),
@@ -218,7 +218,7 @@ ROPE_EXT = Op(
       POS, pos_dtype, Q, x_dtype, hk ? K : Q, x_dtype, wq, norm ? w_dtype : cache_dtype, wk, norm ? w_dtype : cache_dtype,
       CACHE, cache_dtype, q_heads, hk, p.nb1, max_pos, stride_qt, hk ? stride_kt : stride_qt, mrope ? stride_ps : 0,
       stride_pt, stride_c, norm ? eps : 0.0, norm ? offset : 0.0, head_size, half, interleaved, norm, norm ? cast : 0,
-      mrope, S0, S1, S2, mrope_interleaved, p.block_h1, p.block_h2, p.block_r, p.block_t);
+      mrope, S0, S1, S2, mrope_interleaved, p.block_h1, p.block_h2, p.block_r, p.block_t, p.qk_one);
 """,
     cases=_ext_cases,
     python=_ext_python,

@@ -159,15 +159,31 @@ def _rope_apply_kernel(X1, Y1, X2, Y2, COS, SIN, S, H1, H2, NB1, sxb1, sxs1, sxh
 
 
 @triton.jit
+def _rope_ext_rows(X, t, hblock, H, stride_t, D: tl.constexpr, BLOCK_H: tl.constexpr):
+    """(each head's first feature [BLOCK_H, 1], head mask) of BLOCK_H heads of token t: a scalar
+    int64 token base, int32 inside the row."""
+    heads = hblock * BLOCK_H + tl.arange(0, BLOCK_H)
+    return X + t * stride_t + heads[:, None] * D, heads < H
+
+
+@triton.jit
 def _rope_ext_heads(X, W, t, hblock, H, stride_t, eps, offset, cos, sin, D: tl.constexpr, HALF: tl.constexpr,
                     INTERLEAVED: tl.constexpr, NORM: tl.constexpr, CAST: tl.constexpr, BLOCK_H: tl.constexpr,
                     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr):
     # BLOCK_H heads of token t, in place: the per-head RMSNorm (NORM) then the rotation
-    heads = hblock * BLOCK_H + tl.arange(0, BLOCK_H)
+    base, hmask = _rope_ext_rows(X, t, hblock, H, stride_t, D, BLOCK_H)
+    a, b = _pairs_load(base, hmask, HALF, INTERLEAVED, BLOCK_H, BLOCK_R)
+    _rope_ext_finish(X, W, base, hmask, a, b, eps, offset, cos, sin, D, HALF, INTERLEAVED, NORM, CAST, BLOCK_H,
+                     BLOCK_R, BLOCK_T)
+
+
+@triton.jit
+def _rope_ext_finish(X, W, base, hmask, a, b, eps, offset, cos, sin, D: tl.constexpr, HALF: tl.constexpr,
+                     INTERLEAVED: tl.constexpr, NORM: tl.constexpr, CAST: tl.constexpr, BLOCK_H: tl.constexpr,
+                     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr):
+    # the heads at base (their pairs a, b loaded): the per-head RMSNorm (NORM), the rotation, the stores
     i = tl.arange(0, BLOCK_R)
     imask = i < HALF
-    hmask = heads < H
-    base = X + t * stride_t + heads[:, None] * D  # scalar int64 token base, int32 inside the row
     if INTERLEAVED:
         ia = 2 * i
         ib = ia + 1
@@ -175,7 +191,6 @@ def _rope_ext_heads(X, W, t, hblock, H, stride_t, eps, offset, cos, sin, D: tl.c
         ia = i
         ib = i + HALF
     dt = X.dtype.element_ty
-    a, b = _pairs_load(base, hmask, HALF, INTERLEAVED, BLOCK_H, BLOCK_R)
     if NORM:
         ss = tl.sum(a * a, 1) + tl.sum(b * b, 1)
         if D > 2 * HALF:
@@ -220,9 +235,10 @@ def _rope_ext_fwd_kernel(POS, Q, K, WQ, WK, CACHE, HQ, HK, NB1, max_pos, stride_
                          NORM: tl.constexpr, CAST: tl.constexpr, MROPE: tl.constexpr, S0: tl.constexpr,
                          S1: tl.constexpr, S2: tl.constexpr, MROPE_INTERLEAVED: tl.constexpr,
                          BLOCK_H1: tl.constexpr, BLOCK_H2: tl.constexpr, BLOCK_R: tl.constexpr,
-                         BLOCK_T: tl.constexpr):
-    # In place, q and k in one launch over a (token, head block) grid like _rope_fwd_kernel
-    # (blocks [0, NB1) BLOCK_H1 of q's heads with weight WQ, the rest BLOCK_H2 of k's with WK), plus:
+                         BLOCK_T: tl.constexpr, QK_ONE: tl.constexpr):
+    # In place, q and k in one launch like _rope_fwd_kernel: a (token, head block) grid (blocks
+    # [0, NB1) BLOCK_H1 of q's heads with weight WQ, the rest BLOCK_H2 of k's with WK), or with
+    # QK_ONE one program per token for all of q's and k's heads, their loads issued first, plus:
     # MROPE: frequency i rotates by the position of its section (POS + section * stride_ps), the
     #   three cos/sin rows gathered per frequency; contiguous bands (Qwen2-VL) or interleaved
     #   (Qwen3-VL: i % 3 == 1 below 3 S1 is height, i % 3 == 2 below 3 S2 is width).
@@ -232,6 +248,11 @@ def _rope_ext_fwd_kernel(POS, Q, K, WQ, WK, CACHE, HQ, HK, NB1, max_pos, stride_
     #   rotate as transformers does in x.dtype: cos/sin rounded, each product rounded, the sum.
     t = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
+    if QK_ONE:
+        qbase, qmask = _rope_ext_rows(Q, t, 0, HQ, stride_qt, D, BLOCK_H1)
+        kbase, kmask = _rope_ext_rows(K, t, 0, HK, stride_kt, D, BLOCK_H2)
+        qa, qb = _pairs_load(qbase, qmask, HALF, INTERLEAVED, BLOCK_H1, BLOCK_R)
+        ka, kb = _pairs_load(kbase, kmask, HALF, INTERLEAVED, BLOCK_H2, BLOCK_R)
     i = tl.arange(0, BLOCK_R)
     imask = i < HALF
     if MROPE:
@@ -248,7 +269,12 @@ def _rope_ext_fwd_kernel(POS, Q, K, WQ, WK, CACHE, HQ, HK, NB1, max_pos, stride_
     sin = tl.load(CACHE + row * stride_c + HALF + i, mask=imask, other=0.0).to(tl.float32)
     cos = tl.where(ok, cos, 1.0)
     sin = tl.where(ok, sin, 0.0)
-    if hb < NB1:
+    if QK_ONE:
+        _rope_ext_finish(Q, WQ, qbase, qmask, qa, qb, eps, offset, cos, sin, D, HALF, INTERLEAVED, NORM, CAST,
+                         BLOCK_H1, BLOCK_R, BLOCK_T)
+        _rope_ext_finish(K, WK, kbase, kmask, ka, kb, eps, offset, cos, sin, D, HALF, INTERLEAVED, NORM, CAST,
+                         BLOCK_H2, BLOCK_R, BLOCK_T)
+    elif hb < NB1:
         _rope_ext_heads(Q, WQ, t, hb, HQ, stride_qt, eps, offset, cos, sin, D, HALF, INTERLEAVED, NORM, CAST,
                         BLOCK_H1, BLOCK_R, BLOCK_T)
     else:

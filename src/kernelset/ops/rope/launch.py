@@ -220,12 +220,13 @@ _CASTS = {"fp32": 0, "llama": 1, "gemma": 2}
 
 
 @functools.lru_cache(maxsize=4096)
-def ext_tiles(hq: int, hk: int, head_size: int, half: int, norm: bool) -> tuple[int, int, int, int, int, int, int]:
-    """(BLOCK_H1, BLOCK_H2, BLOCK_R, BLOCK_T, num_warps, NB1, NB) of _rope_ext_fwd_kernel: q's
-    ``hq`` heads and k's ``hk`` (0 without k) each in blocks of about 2048 rotated pairs (a
+def ext_tiles(hq: int, hk: int, head_size: int, half: int, norm: bool) -> tuple[int, int, int, int, int, int, int, int]:
+    """(BLOCK_H1, BLOCK_H2, BLOCK_R, BLOCK_T, num_warps, NB1, NB, QK_ONE) of _rope_ext_fwd_kernel:
+    q's ``hq`` heads and k's ``hk`` (0 without k) each in blocks of about 2048 rotated pairs (a
     [T=16384, 32, 128] q takes one program per token), NB1 blocks of q and NB in all per token,
     one launch for both tensors (as _rope_fwd_kernel: two launches cost a launch's host time,
-    which made the eager call host-bound on the lent H200 host)."""
+    which made the eager call host-bound on the lent H200 host); one program per token for both
+    (QK_ONE, NB = 1) where rope_fwd_policy takes it: k a quarter of q or less, both in one block."""
     block_r = _pow2(half)
     block_t = _pow2(max(1, head_size - 2 * half)) if norm else 1
     cap = max(1, 2048 // block_r)
@@ -233,7 +234,11 @@ def ext_tiles(hq: int, hk: int, head_size: int, half: int, norm: bool) -> tuple[
     b2 = _heads_per_program(hk, cap) if hk else 1
     nb1 = -(-hq // b1)
     nb = nb1 + -(-hk // b2)
-    return b1, b2, block_r, block_t, 4 if max(b1, b2) * block_r >= 1024 else 2, nb1, nb
+    qpairs = b1 * block_r
+    kpairs = b2 * block_r  # a power of two: kpairs // 64 is one too (>= 4 here)
+    if hk > 0 and nb == 2 and 256 <= kpairs and 4 * kpairs <= qpairs:
+        return b1, b2, block_r, block_t, min(8 if qpairs >= 2048 else (4 if qpairs >= 512 else 2), kpairs // 64), 1, 1, 1
+    return b1, b2, block_r, block_t, 4 if max(b1, b2) * block_r >= 1024 else 2, nb1, nb, 0
 
 
 def rope_ext(positions, q, k, cache, head_size, interleaved, sections=None, mrope_interleaved=False,
@@ -251,7 +256,7 @@ def rope_ext(positions, q, k, cache, head_size, interleaved, sections=None, mrop
     hk = k[0].numel() // head_size if k is not None and t else 0
     if t == 0 or hq + hk == 0:
         return
-    b1, b2, block_r, block_t, warps, nb1, nb = ext_tiles(hq, hk, head_size, half, norm)
+    b1, b2, block_r, block_t, warps, nb1, nb, qk_one = ext_tiles(hq, hk, head_size, half, norm)
     # without k (or with no k heads) its blocks are empty: q stands in for its pointers; without
     # the norm the weights are never read: the cache stands in
     kx = k if hk else q
@@ -261,4 +266,4 @@ def rope_ext(positions, q, k, cache, head_size, interleaved, sections=None, mrop
          positions.stride(-1), cache.stride(0), float(eps), float(offset), D=head_size, HALF=half,
          INTERLEAVED=interleaved, NORM=norm, CAST=_CASTS[cast] if norm else 0, MROPE=mrope, S0=s0, S1=s1, S2=s2,
          MROPE_INTERLEAVED=mrope_interleaved, BLOCK_H1=b1, BLOCK_H2=b2, BLOCK_R=block_r, BLOCK_T=block_t,
-         num_warps=warps, fp_fusion=not (norm and cast != "fp32"))  # keep each rounding of the bf16 chain
+         QK_ONE=bool(qk_one), num_warps=warps, fp_fusion=not (norm and cast != "fp32"))  # keep each rounding of the bf16 chain
