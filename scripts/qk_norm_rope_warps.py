@@ -44,10 +44,10 @@ def shape(dev, copy, t, hq, hk, d) -> None:
                 nb1 = -(-a[0] // b1)
                 return b1, b2, br, bt, _w, nb1, nb1 + -(-a[1] // b2), 0
             launch.ext_tiles = tiles
-            b1, b2, br, bt, w, nb1, nb, one = shipped(hq, hk, d, d // 2, True)
-            mark = " (ext_tiles' choice)" if (w, one) == (warps, qk_one) else ""
-            for name, fn in (("qk_norm_rope", lambda: ks.qk_norm_rope(q, k, qw, kw, cache, pos)),
-                             ("mrope", lambda: ks.mrope(pos3, q, k, cache, [16, 24, 24]))):
+            for name, norm, fn in (("qk_norm_rope", True, lambda: ks.qk_norm_rope(q, k, qw, kw, cache, pos)),
+                                   ("mrope", False, lambda: ks.mrope(pos3, q, k, cache, [16, 24, 24]))):
+                w, one = shipped(hq, hk, d, d // 2, norm)[4::3]
+                mark = " (ext_tiles' choice)" if (w, one) == (warps, qk_one) else ""
                 g = capture(fn, 20)
                 ms = cuda_time_ms(g.replay, warmup=3, reps=30) / 20
                 print(f"  {name:13s} {'qk_one' if qk_one else 'grid  '} warps={warps}: {ms * 1e3:6.1f} us, "

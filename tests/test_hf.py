@@ -195,8 +195,54 @@ def test_deepcopy_of_a_kernelized_model_is_a_plain_copy():
         with torch.no_grad():  # the zeroed copy of the layer computes with its own (zero) weights
             pe = model.model.rotary_emb(x, torch.arange(6, device=DEVICE)[None])
             assert torch.equal(layer(x, position_embeddings=pe), x)
-    assert not any("__getstate__" in m.__dict__ for m in model.modules())
+    assert not any(k in m.__dict__ for m in model.modules() for k in ("__getstate__", "__deepcopy__"))
     assert torch.equal(logits(model, ids), base)
+
+
+def test_deepcopy_of_a_kernelized_module_with_its_own_class_deepcopy():
+    """A parametrization registered after kernelize gives the module a class whose __deepcopy__
+    copies its __dict__ wholesale (the handle's thread-locals: TypeError). kernelize's own
+    instance __deepcopy__ wins over it: the copy is the plain module, parametrization kept."""
+    from torch.nn.utils import parametrize
+
+    class Twice(torch.nn.Module):
+        def forward(self, w):
+            return 2 * w
+
+    model = tiny_model("llama")
+    ids = torch.randint(0, 128, (1, 6), device=DEVICE)
+    with kernelize(model):
+        norm = model.model.norm
+        assert "forward" in norm.__dict__  # patched
+        parametrize.register_parametrization(norm, "weight", Twice())
+        twin = copy.deepcopy(model)
+        want = logits(model, ids)
+        assert "forward" not in twin.model.norm.__dict__ and parametrize.is_parametrized(twin.model.norm)
+        assert rel_err(logits(twin, ids), want) < 1e-5
+
+
+def test_plain_configs_follow_a_changed_sub_config():
+    """A composite config (a text config inside the model's) pickled twice with the sub-config
+    changed in between: the parent's plain copy must hold the new plain sub-config, so a loaded
+    model's modules share one config (a cache of the parent alone kept the stale one)."""
+    import types
+
+    from transformers import LlamaConfig, PretrainedConfig
+
+    from kernelset.hf.copies import PlainCopies
+    child = LlamaConfig(hidden_size=64)
+    parent = PretrainedConfig()
+    parent.text_config = child
+    handle = types.SimpleNamespace(_configs=[(parent, "eager"), (child, "sdpa")], _attrs=[], _hooks=[],
+                                   model=torch.nn.Module())
+    pc = PlainCopies(handle)
+    first = pc.plain_configs()
+    assert first[id(parent)].text_config is first[id(child)]
+    assert first[id(child)]._attn_implementation_internal == "sdpa" and pc.plain_configs() is first
+    child.use_cache = not child.use_cache
+    second = pc.plain_configs()
+    assert second[id(parent)].text_config is second[id(child)]
+    assert second[id(child)].use_cache is child.use_cache
 
 
 def test_torch_save_of_a_kernelized_model_saves_the_plain_model():
@@ -281,6 +327,11 @@ def test_ops_filter_and_bad_arguments():
         assert set(handle.counts) == {"rms_norm"}
         with pytest.raises(RuntimeError, match="already kernelized"):
             kernelize(model)
+        with pytest.raises(RuntimeError, match="module '.*' of this model is already kernelized by another handle"):
+            kernelize(model.model)  # a part of a kernelized model: its modules would be patched twice
+    with kernelize(model.model):
+        with pytest.raises(RuntimeError, match="module 'model.*' of this model is already kernelized"):
+            kernelize(model)  # a model a kernelized part belongs to
     with pytest.raises(ValueError, match="kernelize: argument 'mode' must be one of"):
         kernelize(model, mode="serving")
     with pytest.raises(ValueError, match="unknown op"):

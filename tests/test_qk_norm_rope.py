@@ -64,6 +64,7 @@ CASES = [
     ("partial-80", 5, 3, 3, 80, 32, False, "rotary_dim < D: the tail is normalized but not rotated"),
     ("head-96", 1, 5, 1, 96, 96, False, "one token, a non power-of-two head"),
     ("gqa-16-4", 3, 16, 4, 128, 128, False, "k a quarter of q: one program per token for both (qk_one)"),
+    ("gqa-partial", 2, 32, 8, 128, 64, False, "32/8, rotary 64 of 128: one program per token, a normalized tail"),
 ]
 
 

@@ -42,6 +42,7 @@ CASES = [
     ("one-token", 1, 32, 8, 128, 128, False, "decode"),
     ("head256", 3, 4, 2, 256, 256, False, "the widest head size of the issue (Gemma)"),
     ("head80-full", 4, 3, 1, 80, 80, False, "a full rotation of an odd head size"),
+    ("gqa-partial", 2, 32, 8, 128, 64, False, "32/8 heads, rotary 64 of 128: one program per token for q and k"),
 ]
 
 
@@ -376,8 +377,9 @@ sig = dict(POS="*i64", Q="*bf16", K="*bf16", CACHE="*fp32", HQ="i32", HK="i32", 
            stride_qt="i32", stride_kt="i32", stride_c="i32")
 out = []
 from kernelset.ops.rope.launch import rope_fwd_policy
-# the launcher's tiles: (head size, rotary dim / 2, GPT-J pairs, q heads, k heads); 32/8 heads take
-# one program per token (qk_one), 64/8 heads of 256 a (token, head block) grid
+# the launcher's tiles: (head size, rotary dim / 2, GPT-J pairs, q heads, k heads); 32/8 heads of 128
+# take one program per token (qk_one); 32/8 with rotary 32 of 80 (k's tile too small for it) and 64/8
+# heads of 256 a (token, head block) grid
 for d, half, inter, hq, hk in ((128, 64, False, 32, 8), (128, 64, True, 32, 8), (80, 16, False, 32, 8),
                                (256, 128, False, 64, 8)):
     p = rope_fwd_policy(16384, hq, hk, half)

@@ -696,6 +696,11 @@ def kernelize(model: nn.Module, *, mode: Mode | str = Mode.INFERENCE,
         raise TypeError(f"kernelize: argument 'model' must be a torch.nn.Module, got {type(model).__name__}")
     if getattr(model, "_ks_kernelized", None) is not None:
         raise RuntimeError("kernelize: this model is already kernelized; call restore() on its handle first")
+    from .copies import PlainCopies, guarded
+    inner = guarded(model)
+    if inner is not None:  # a part of it (or a model it is part of) kernelized by another handle
+        raise RuntimeError(f"kernelize: module '{inner}' of this model is already kernelized by another handle; "
+                           "call restore() on that handle first")
     import kernelset as ks
     wanted = None if ops is None else frozenset(ops)
     if wanted is not None:
@@ -736,7 +741,6 @@ def kernelize(model: nn.Module, *, mode: Mode | str = Mode.INFERENCE,
         handle.restore()
         raise
     object.__setattr__(model, "_ks_kernelized", handle)
-    from .copies import PlainCopies
     PlainCopies(handle).install()  # a deep copy, pickle or torch.save of the model: the plain model
     handle.reset_counts()  # the probes ran patched modules on the reference backends
     return handle
