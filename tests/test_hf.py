@@ -221,6 +221,27 @@ def test_deepcopy_of_a_kernelized_module_with_its_own_class_deepcopy():
         assert rel_err(logits(twin, ids), want) < 1e-5
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_output_attentions_returns_the_weights(family):
+    """output_attentions=True under kernelset's attention returned no weights (an empty tuple, as
+    transformers' SDPA does, without its warning). Such a call now runs the module's eager
+    attention (counted as a fallback): the same weights and logits as the unpatched model."""
+    model = tiny_model(family)
+    ids = torch.randint(0, 128, (1, 7), device=DEVICE)
+    with torch.no_grad():
+        want = model(ids, output_attentions=True)
+        with kernelize(model) as handle:
+            got = model(ids, output_attentions=True)
+            assert handle.counts["attention_fallback"] == model.config.num_hidden_layers
+            handle.reset_counts()
+            model(ids)  # without the weights: kernelset's attention
+            assert handle.counts["flash_attention"] == model.config.num_hidden_layers
+    assert len(got.attentions) == len(want.attentions) == model.config.num_hidden_layers
+    for a, b in zip(got.attentions, want.attentions):
+        assert rel_err(a, b) < 1e-5
+    assert rel_err(got.logits, want.logits) < 1e-5
+
+
 def test_plain_configs_follow_a_changed_sub_config():
     """A composite config (a text config inside the model's) pickled twice with the sub-config
     changed in between: the parent's plain copy must hold the new plain sub-config, so a loaded

@@ -48,11 +48,16 @@ def _dense_mask(mask2d: torch.Tensor | None, b: int, q_len: int, k_len: int, win
     return m
 
 
-def _fallback(module, query, key, value, attention_mask, scaling, dropout, sliding_window, softcap, kwargs):
+def _fallback(module, query, key, value, attention_mask, scaling, dropout, sliding_window, softcap, kwargs,
+              weights=False):
+    """transformers' own attention on a dense mask: SDPA, or the module's eager attention where SDPA
+    cannot (softcap, sinks) or where the caller asked for the attention weights (``weights``)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     b, _, q_len, _ = query.shape
     dense = _dense_mask(attention_mask, b, q_len, key.shape[2], sliding_window, query.device)
-    if softcap is None and kwargs.get("s_aux") is None:
+    if not bool(getattr(module, "is_causal", True)) and attention_mask is None:
+        dense = torch.ones_like(dense)  # a non-causal module without a mask attends to every key
+    if softcap is None and kwargs.get("s_aux") is None and not weights:
         return sdpa_attention_forward(module, query, key, value, dense, dropout=dropout, scaling=scaling, **kwargs)
     eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward")
     additive = torch.zeros(dense.shape, dtype=query.dtype, device=query.device).masked_fill(
@@ -76,11 +81,12 @@ def make_attention(ops: Any = None):
         else:
             ops = fixed
         sinks = kwargs.get("s_aux")
-        if attention_mask is not None or (module.training and dropout > 0.0):
+        weights = bool(kwargs.get("output_attentions", False))  # kernelset's kernels return no weights
+        if attention_mask is not None or (module.training and dropout > 0.0) or weights:
             ops.counts["attention_fallback"] += 1
             kwargs.pop("is_causal", None)
             return _fallback(module, query, key, value, attention_mask, scaling, dropout, sliding_window, softcap,
-                             kwargs)
+                             kwargs, weights)
         window = (sliding_window - 1, 0) if sliding_window else (-1, -1)
         # one query token with the mask aligned to the last key sees every key: not causal, which
         # lets the dispatcher take SDPA's decode kernels (cuDNN rejects bottom-right causal masks)
