@@ -47,18 +47,31 @@ def _pairs_store(row, a, b, hmask, HALF: tl.constexpr, INTERLEAVED: tl.constexpr
 
 
 @triton.jit
+def _head_rows(X, t, hblock, H, stride_t, D: tl.constexpr, BLOCK_H: tl.constexpr):
+    """(each head's first feature [BLOCK_H, 1], head mask) of BLOCK_H heads of token t: a scalar
+    int64 token base, int32 offsets inside the token's row."""
+    heads = hblock * BLOCK_H + tl.arange(0, BLOCK_H)
+    return X + t * stride_t + heads[:, None] * D, heads < H
+
+
+@triton.jit
+def _rope_store_rotated(row, a, b, cos, sin, hmask, HALF: tl.constexpr, INTERLEAVED: tl.constexpr,
+                        BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr):
+    """(a, b) -> (a cos - b sin, b cos + a sin), stored in place at ``row`` in its dtype."""
+    dt = row.dtype.element_ty
+    _pairs_store(row, (a * cos[None, :] - b * sin[None, :]).to(dt), (b * cos[None, :] + a * sin[None, :]).to(dt),
+                 hmask, HALF, INTERLEAVED, BLOCK_H, BLOCK_R)
+
+
+@triton.jit
 def _rope_rotate_inplace(X, t, hblock, H, stride_t, cos, sin, D: tl.constexpr, HALF: tl.constexpr,
                          INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr):
-    # BLOCK_H heads of token t: a scalar int64 token base, int32 offsets inside the token's row
-    heads = hblock * BLOCK_H + tl.arange(0, BLOCK_H)
-    hmask = heads < H
-    row = X + t * stride_t + heads[:, None] * D
+    # BLOCK_H heads of token t
+    row, hmask = _head_rows(X, t, hblock, H, stride_t, D, BLOCK_H)
     # evict_first on these streams keeps them from pushing the cos/sin rows and positions out of
     # L2 (H200, T=16384 32/8 D128: 89.2 -> 92.5% of copy)
     a, b = _pairs_load(row, hmask, HALF, INTERLEAVED, BLOCK_H, BLOCK_R)
-    dt = X.dtype.element_ty
-    _pairs_store(row, (a * cos[None, :] - b * sin[None, :]).to(dt), (b * cos[None, :] + a * sin[None, :]).to(dt),
-                 hmask, HALF, INTERLEAVED, BLOCK_H, BLOCK_R)
+    _rope_store_rotated(row, a, b, cos, sin, hmask, HALF, INTERLEAVED, BLOCK_H, BLOCK_R)
 
 
 @triton.jit
@@ -87,18 +100,13 @@ def _rope_fwd_kernel(POS, Q, K, CACHE, HQ, HK, NB1, max_pos, stride_qt, stride_k
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(POS + t).to(tl.int64)
     if QK_ONE:
-        hq = tl.arange(0, BLOCK_H1)
-        hk = tl.arange(0, BLOCK_H2)
-        qrow = Q + t * stride_qt + hq[:, None] * D
-        krow = K + t * stride_kt + hk[:, None] * D
-        qa, qb = _pairs_load(qrow, hq < HQ, HALF, INTERLEAVED, BLOCK_H1, BLOCK_R)
-        ka, kb = _pairs_load(krow, hk < HK, HALF, INTERLEAVED, BLOCK_H2, BLOCK_R)
+        qrow, qmask = _head_rows(Q, t, 0, HQ, stride_qt, D, BLOCK_H1)
+        krow, kmask = _head_rows(K, t, 0, HK, stride_kt, D, BLOCK_H2)
+        qa, qb = _pairs_load(qrow, qmask, HALF, INTERLEAVED, BLOCK_H1, BLOCK_R)
+        ka, kb = _pairs_load(krow, kmask, HALF, INTERLEAVED, BLOCK_H2, BLOCK_R)
         cos, sin = _rope_cos_sin(CACHE, pos, max_pos, stride_c, HALF, BLOCK_R)
-        dt = Q.dtype.element_ty
-        _pairs_store(qrow, (qa * cos[None, :] - qb * sin[None, :]).to(dt), (qb * cos[None, :] + qa * sin[None, :]).to(dt),
-                     hq < HQ, HALF, INTERLEAVED, BLOCK_H1, BLOCK_R)
-        _pairs_store(krow, (ka * cos[None, :] - kb * sin[None, :]).to(dt), (kb * cos[None, :] + ka * sin[None, :]).to(dt),
-                     hk < HK, HALF, INTERLEAVED, BLOCK_H2, BLOCK_R)
+        _rope_store_rotated(qrow, qa, qb, cos, sin, qmask, HALF, INTERLEAVED, BLOCK_H1, BLOCK_R)
+        _rope_store_rotated(krow, ka, kb, cos, sin, kmask, HALF, INTERLEAVED, BLOCK_H2, BLOCK_R)
     else:
         hb = tl.program_id(1)
         cos, sin = _rope_cos_sin(CACHE, pos, max_pos, stride_c, HALF, BLOCK_R)
@@ -159,19 +167,11 @@ def _rope_apply_kernel(X1, Y1, X2, Y2, COS, SIN, S, H1, H2, NB1, sxb1, sxs1, sxh
 
 
 @triton.jit
-def _rope_ext_rows(X, t, hblock, H, stride_t, D: tl.constexpr, BLOCK_H: tl.constexpr):
-    """(each head's first feature [BLOCK_H, 1], head mask) of BLOCK_H heads of token t: a scalar
-    int64 token base, int32 inside the row."""
-    heads = hblock * BLOCK_H + tl.arange(0, BLOCK_H)
-    return X + t * stride_t + heads[:, None] * D, heads < H
-
-
-@triton.jit
 def _rope_ext_heads(X, W, t, hblock, H, stride_t, eps, offset, cos, sin, D: tl.constexpr, HALF: tl.constexpr,
                     INTERLEAVED: tl.constexpr, NORM: tl.constexpr, CAST: tl.constexpr, BLOCK_H: tl.constexpr,
                     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr):
     # BLOCK_H heads of token t, in place: the per-head RMSNorm (NORM) then the rotation
-    base, hmask = _rope_ext_rows(X, t, hblock, H, stride_t, D, BLOCK_H)
+    base, hmask = _head_rows(X, t, hblock, H, stride_t, D, BLOCK_H)
     a, b = _pairs_load(base, hmask, HALF, INTERLEAVED, BLOCK_H, BLOCK_R)
     _rope_ext_finish(X, W, base, hmask, a, b, eps, offset, cos, sin, D, HALF, INTERLEAVED, NORM, CAST, BLOCK_H,
                      BLOCK_R, BLOCK_T)
@@ -249,8 +249,8 @@ def _rope_ext_fwd_kernel(POS, Q, K, WQ, WK, CACHE, HQ, HK, NB1, max_pos, stride_
     t = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
     if QK_ONE:
-        qbase, qmask = _rope_ext_rows(Q, t, 0, HQ, stride_qt, D, BLOCK_H1)
-        kbase, kmask = _rope_ext_rows(K, t, 0, HK, stride_kt, D, BLOCK_H2)
+        qbase, qmask = _head_rows(Q, t, 0, HQ, stride_qt, D, BLOCK_H1)
+        kbase, kmask = _head_rows(K, t, 0, HK, stride_kt, D, BLOCK_H2)
         qa, qb = _pairs_load(qbase, qmask, HALF, INTERLEAVED, BLOCK_H1, BLOCK_R)
         ka, kb = _pairs_load(kbase, kmask, HALF, INTERLEAVED, BLOCK_H2, BLOCK_R)
     i = tl.arange(0, BLOCK_R)
@@ -263,12 +263,7 @@ def _rope_ext_fwd_kernel(POS, Q, K, WQ, WK, CACHE, HQ, HK, NB1, max_pos, stride_
         pos = tl.load(POS + sec.to(tl.int64) * stride_ps + t * stride_pt, mask=imask, other=0).to(tl.int64)
     else:
         pos = tl.load(POS + t * stride_pt).to(tl.int64)
-    ok = (pos >= 0) & (pos < max_pos)
-    row = tl.where(ok, pos, 0)  # a bad position reads row 0 and is then turned into the identity
-    cos = tl.load(CACHE + row * stride_c + i, mask=imask, other=1.0).to(tl.float32)
-    sin = tl.load(CACHE + row * stride_c + HALF + i, mask=imask, other=0.0).to(tl.float32)
-    cos = tl.where(ok, cos, 1.0)
-    sin = tl.where(ok, sin, 0.0)
+    cos, sin = _rope_cos_sin(CACHE, pos, max_pos, stride_c, HALF, BLOCK_R)  # (mrope: pos per frequency)
     if QK_ONE:
         _rope_ext_finish(Q, WQ, qbase, qmask, qa, qb, eps, offset, cos, sin, D, HALF, INTERLEAVED, NORM, CAST,
                          BLOCK_H1, BLOCK_R, BLOCK_T)

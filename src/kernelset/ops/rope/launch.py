@@ -16,6 +16,16 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def _qk_one_warps(hk: int, nb: int, qpairs: int, kpairs: int, most: int) -> int:
+    """Warps of the one-program-per-token form of the serving RoPE kernels, or 0 where the
+    (token, head block) grid runs: that form where k is at most a quarter of q (GQA), each in one
+    block (``nb == 2``) and k's tile of at least 256 pairs; warps by q's tile, at most k's pairs /
+    64 (2 elements per thread of k's tile; ``kpairs`` is a power of two) and ``most``."""
+    if hk > 0 and nb == 2 and 256 <= kpairs and 4 * kpairs <= qpairs:
+        return min(8 if qpairs >= 2048 else (4 if qpairs >= 512 else 2), kpairs // 64, most)
+    return 0
+
+
 def _heads_per_program(h: int, cap: int) -> int:
     """Heads of one tensor per program: all of them (next power of two), at most ``cap``."""
     return max(1, min(_pow2(h), cap))
@@ -55,11 +65,9 @@ def rope_fwd_policy(t: int, hq: int, hk: int, half: int) -> RopeLaunch:
     b2 = _heads_per_program(hk, cap) if hk else 1
     nb1 = -(-hq // b1)
     nb = nb1 + -(-hk // b2)
-    qpairs = b1 * block_r
-    kpairs = b2 * block_r  # a power of two: kpairs // 64 is one too (>= 4 here)
-    if hk > 0 and nb == 2 and 256 <= kpairs and 4 * kpairs <= qpairs:
-        warps = min(8 if qpairs >= 2048 else (4 if qpairs >= 512 else 2), kpairs // 64)
-        return RopeLaunch(b1, b2, block_r, warps, 1, (t, 1), 1)
+    one = _qk_one_warps(hk, nb, b1 * block_r, b2 * block_r, 8)
+    if one > 0:
+        return RopeLaunch(b1, b2, block_r, one, 1, (t, 1), 1)
     warps = 4 if max(b1, b2) * block_r >= 1024 else 2
     return RopeLaunch(b1, b2, block_r, warps, nb1, (t, nb), 0)
 
@@ -237,13 +245,11 @@ def ext_tiles(hq: int, hk: int, head_size: int, half: int, norm: bool) -> tuple[
     b2 = _heads_per_program(hk, cap) if hk else 1
     nb1 = -(-hq // b1)
     nb = nb1 + -(-hk // b2)
-    qpairs = b1 * block_r
-    kpairs = b2 * block_r  # a power of two: kpairs // 64 is one too (>= 4 here)
-    if hk > 0 and nb == 2 and 256 <= kpairs and 4 * kpairs <= qpairs:
-        # the per-head norm's sums run slower on 8 warps (32/8 D128 on the H200: 80.7% of copy against
-        # 92.4% on 4; without the norm 92.9 / 90.2%)
-        warps = min(8 if qpairs >= 2048 else (4 if qpairs >= 512 else 2), kpairs // 64, 4 if norm else 8)
-        return b1, b2, block_r, block_t, warps, 1, 1, 1
+    # the per-head norm's sums run slower on 8 warps (32/8 D128 on the H200: 80.7% of copy against
+    # 92.4% on 4; without the norm 92.9 / 90.2%)
+    one = _qk_one_warps(hk, nb, b1 * block_r, b2 * block_r, 4 if norm else 8)
+    if one > 0:
+        return b1, b2, block_r, block_t, one, 1, 1, 1
     return b1, b2, block_r, block_t, 4 if max(b1, b2) * block_r >= 1024 else 2, nb1, nb, 0
 
 
