@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from ...core import checks, dispatch
-from ...core.autograd import AutogradSpec, apply, needs_grad
+from ...core.autograd import AutogradSpec, apply, forward_only, needs_grad
 from ...core.enums import AUTO, Backend, KsEnum
 from ...core.errors import ArgumentError
 from . import backends  # noqa: F401  (declares the ops and registers their implementations)
@@ -81,15 +81,17 @@ def swiglu_oai(x: torch.Tensor, *, alpha: float = 1.702, limit: float = 7.0,
     """gpt-oss clamped SwiGLU: x ``[..., 2I]`` interleaved (gate at even, up at odd columns).
 
     g = min(gate, limit), u = clamp(up, -limit, limit), y = (u + 1) * g * sigmoid(alpha * g);
-    fp32 math, rounded once. Forward only.
+    fp32 math, rounded once. Forward only: with x requiring grad the call runs and a backward
+    through its output raises.
     """
     op = "swiglu_oai"
     _even_last(op, x)
     alpha = checks.finite(op, "alpha", alpha)
     limit = checks.positive(op, "limit", limit)
-    if needs_grad(x):
-        raise ArgumentError(op, "x", "a tensor that does not require grad (swiglu_oai is forward-only)",
-                            "x.requires_grad=True")
+    if needs_grad(x) and not torch.compiler.is_compiling():
+        # forward only, as the other inference ops: the call runs, and a backward through it raises
+        return forward_only(op, "an inference op: gpt-oss's clamped SwiGLU", _act_fwd, x, None, "oai",
+                            "interleaved", alpha, limit, op, str(backend))
     return _run(op, x, None, "oai", "interleaved", alpha, limit, backend)
 
 
