@@ -58,47 +58,52 @@ class Sampler:
         return False
 
 
-def gemm_time_ms(fn, is_gemm) -> float:
-    """Sum of the GEMM kernels' own durations in one call of fn (profiler)."""
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
+def gemm_ms(prof, is_gemm) -> float:
     return sum(e.time_range.end - e.time_range.start for e in prof.events()
                if e.device_type == torch.autograd.DeviceType.CUDA and is_gemm(e.name)) / 1e3
 
 
-def wall_ms(fn, reps: int = 5) -> float:
+def report(name: str, fn, flops: float, is_gemm, seconds: float) -> None:
+    """Everything under sustained load: the call repeats for ``seconds`` (clock and power sampled),
+    each call timed by CUDA events (median); then, with calls still queued ahead of it (no idle
+    GPU in between), one call under the profiler gives the GEMM kernels' own time. Before that,
+    the same from rest: calls after a second of idle (wall: median of 3; GEMM time: one call)."""
     fn()
-    times = []
-    for _ in range(reps):
+    torch.cuda.synchronize()
+    rest = []
+    for _ in range(3):  # an idle GPU first: calls from rest (a second apart), timed by CUDA events
+        time.sleep(1.0)
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
         fn()
         e.record()
+        e.synchronize()
+        rest.append(s.elapsed_time(e))
+    time.sleep(1.0)  # and one from rest under the profiler
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
         torch.cuda.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
-
-
-def sustained(fn, seconds: float) -> Sampler:
-    fn()
-    torch.cuda.synchronize()
+    cold = gemm_ms(prof, is_gemm)
+    walls = []
     with Sampler() as smp:
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < seconds:
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            walls.append(s.elapsed_time(e))
+        for _ in range(3):  # queued: the GPU stays busy while the profiler starts
+            fn()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
             fn()
             torch.cuda.synchronize()
-    return smp
-
-
-def report(name: str, fn, flops: float, is_gemm, seconds: float) -> None:
-    smp = sustained(fn, seconds)
-    g = gemm_time_ms(fn, is_gemm)
-    w = wall_ms(fn)
+    g = gemm_ms(prof, is_gemm)
+    w = statistics.median(walls[len(walls) // 4:])
     print(f"{name:44s} wall {w:7.2f} ms | GEMM kernels {g:7.2f} ms = {flops / g / 1e9:5.0f} TFLOP/s | "
           f"SM clock {smp.clock:5.0f} MHz, power {smp.power:4.0f} W, power cap active {smp.capped * 100:3.0f}% "
-          "of samples", flush=True)
+          f"of samples | from rest: wall {statistics.median(rest):7.2f} ms, GEMM kernels {cold:7.2f} ms = {flops / cold / 1e9:5.0f} TFLOP/s", flush=True)
 
 
 def synthetic(layers: int, seconds: float) -> None:
