@@ -1,16 +1,26 @@
 """kernelset as a transformers attention implementation ("kernelset"), when ``ks.flash_attention`` exists.
 
-Registered through transformers' ``AttentionInterface`` with the FlashAttention mask function (None
-unless there is padding), so prefill and cached decode both come here:
+Registered through transformers' ``AttentionInterface`` with a mask function of its own (``mask``), so
+prefill and cached decode both come here. The mask function reads the pattern transformers asks for:
 
-- no padding (the mask function returns None): ``flash_attention(causal, window, softcap, sinks,
-  layout="bhsd")`` on q ``[B, H, Sq, D]`` and the cache's k/v, prefill and decode alike (kernelset's causal
-  mask and window are bottom-right aligned, as transformers' are with a cache);
-- padding or dropout in training: transformers' own SDPA (eager with softcap or sinks) with an
-  explicit mask, counted as ``attention_fallback``.
+- causal, or causal with a sliding window (transformers' own mask functions, recognised by their
+  code): None without padding (a windowed pattern: a small tensor tagged with its window, so that
+  models which build a windowed mask without passing ``sliding_window`` to the attention, such as
+  Phi-3.5-MoE, keep their window), else the 2D padding mask tagged likewise;
+- anything else (packed sequences from ``position_ids``, chunked or bidirectional blocks, a mask
+  function of the model's own): transformers' dense SDPA mask, which the attention hands to
+  transformers' attention untouched.
 
-When this build of kernelset has no ``flash_attention`` the model keeps its attention and the
-kernelize report says so.
+The attention then runs ``flash_attention(causal, window, softcap, sinks, layout="bhsd")`` on q
+``[B, H, Sq, D]`` and the cache's k/v without a mask, prefill and decode alike (kernelset's causal mask
+and window are bottom-right aligned, as transformers' are with a cache). Padding, a dense mask,
+dropout in training or ``output_attentions`` run transformers' own SDPA (eager with softcap or sinks)
+with an explicit mask, counted as ``attention_fallback``.
+
+Only models whose classes declare FlashAttention support (``_supports_flash_attn``) get it: the
+others (DeepSeek-V4, Doge, Llama 4 ...) edit or combine the mask tensor in their attention code,
+which a None mask would skip. When this build of kernelset has no ``flash_attention`` the model
+keeps its attention and the kernelize report says so.
 """
 from __future__ import annotations
 
@@ -34,6 +44,63 @@ def available() -> bool:
     return hasattr(ks, "flash_attention")
 
 
+# ---- the mask function: which pattern transformers asks for ----------------------------------
+
+class _Unknown:
+    """A mask function other than causal or causal with a sliding window."""
+
+
+UNKNOWN = _Unknown()
+
+
+def _closure(fn: Any, name: str) -> Any:
+    code = fn.__code__
+    return fn.__closure__[code.co_freevars.index(name)].cell_contents
+
+
+def window_of(fn: Any) -> Any:
+    """None for transformers' causal mask function, the window W (keys q-W < k <= q) for its sliding-
+    window causal one, ``UNKNOWN`` for any other (recognised by code object: the patterns are exact)."""
+    try:
+        from transformers import masking_utils as mu
+        if fn is mu.causal_mask_function:
+            return None
+        if getattr(fn, "__code__", None) is mu.and_masks(mu.causal_mask_function).__code__:
+            parts = list(_closure(fn, "mask_functions"))
+            if len(parts) == 2 and mu.causal_mask_function in parts:
+                other = parts[1 - parts.index(mu.causal_mask_function)]
+                if getattr(other, "__code__", None) is mu.sliding_window_overlay(1).__code__:
+                    w = _closure(other, "sliding_window")
+                    if isinstance(w, int) and not isinstance(w, bool) and w > 0:
+                        return w
+    except (AttributeError, ValueError, TypeError, IndexError):  # another transformers' internals
+        pass
+    return UNKNOWN
+
+
+def mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
+    """kernelset's entry in transformers' ``AttentionMaskInterface`` (its arguments: those of
+    ``sdpa_mask``). Causal without padding: None. A sliding window, or padding: a 2D bool tensor
+    tagged ``_ks_window`` (W or None) and ``_ks_padded``. Any other pattern: SDPA's dense mask."""
+    from transformers.masking_utils import flash_attention_mask, sdpa_mask
+    window = window_of(kwargs.get("mask_function"))
+    batch, kv_len, device = kwargs.get("batch_size"), kwargs.get("kv_length"), kwargs.get("device")
+    if window is UNKNOWN or args or not isinstance(batch, int) or not isinstance(kv_len, int):
+        kwargs["allow_is_causal_skip"] = False
+        return sdpa_mask(*args, **kwargs)
+    m = flash_attention_mask(**kwargs)  # None, or the 2D mask when a key is padding
+    padded = m is not None
+    if m is None:
+        if window is None:
+            return None
+        if device is None:
+            kwargs["allow_is_causal_skip"] = False
+            return sdpa_mask(**kwargs)
+        m = torch.ones(batch, kv_len, dtype=torch.bool, device=device)
+    m._ks_window, m._ks_padded = window, padded
+    return m
+
+
 def _dense_mask(mask2d: torch.Tensor | None, b: int, q_len: int, k_len: int, window: int | None,
                 device: torch.device) -> torch.Tensor:
     """[B, 1, Sq, Sk] bool (True attends): causal aligned to the last key, window, padding."""
@@ -51,17 +118,21 @@ def _dense_mask(mask2d: torch.Tensor | None, b: int, q_len: int, k_len: int, win
 def _fallback(module, query, key, value, attention_mask, scaling, dropout, sliding_window, softcap, kwargs,
               weights=False):
     """transformers' own attention on a dense mask: SDPA, or the module's eager attention where SDPA
-    cannot (softcap, sinks) or where the caller asked for the attention weights (``weights``)."""
+    cannot (softcap, sinks) or where the caller asked for the attention weights (``weights``). A 4D
+    mask (transformers' own) is used as given; a 2D one is padding over causal + window."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     b, _, q_len, _ = query.shape
-    dense = _dense_mask(attention_mask, b, q_len, key.shape[2], sliding_window, query.device)
-    if not bool(getattr(module, "is_causal", True)) and attention_mask is None:
-        dense = torch.ones_like(dense)  # a non-causal module without a mask attends to every key
+    if attention_mask is not None and attention_mask.dim() == 4:
+        dense = attention_mask
+    else:
+        dense = _dense_mask(attention_mask, b, q_len, key.shape[2], sliding_window, query.device)
+        if not bool(getattr(module, "is_causal", True)) and attention_mask is None:
+            dense = torch.ones_like(dense)  # a non-causal module without a mask attends to every key
     if softcap is None and kwargs.get("s_aux") is None and not weights:
         return sdpa_attention_forward(module, query, key, value, dense, dropout=dropout, scaling=scaling, **kwargs)
     eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward")
-    additive = torch.zeros(dense.shape, dtype=query.dtype, device=query.device).masked_fill(
-        ~dense, torch.finfo(query.dtype).min)
+    additive = dense if dense.dtype != torch.bool else torch.zeros(
+        dense.shape, dtype=query.dtype, device=query.device).masked_fill(~dense, torch.finfo(query.dtype).min)
     return eager(module, query, key, value, additive, scaling=scaling, dropout=dropout, sliding_window=sliding_window,
                  softcap=softcap, **kwargs)
 
@@ -82,11 +153,17 @@ def make_attention(ops: Any = None):
             ops = fixed
         sinks = kwargs.get("s_aux")
         weights = bool(kwargs.get("output_attentions", False))  # kernelset's kernels return no weights
+        if attention_mask is not None and hasattr(attention_mask, "_ks_window"):
+            # from ``mask``: the window transformers' mask has (authoritative), and whether keys are padding
+            sliding_window = attention_mask._ks_window
+            if not attention_mask._ks_padded:
+                attention_mask = None
         if attention_mask is not None or (module.training and dropout > 0.0) or weights:
             ops.counts["attention_fallback"] += 1
             kwargs.pop("is_causal", None)
             return _fallback(module, query, key, value, attention_mask, scaling, dropout, sliding_window, softcap,
                              kwargs, weights)
+        query, key, value = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key, value))
         window = (sliding_window - 1, 0) if sliding_window else (-1, -1)
         # one query token with the mask aligned to the last key sees every key: not causal, which
         # lets the dispatcher take SDPA's decode kernels (cuDNN rejects bottom-right causal masks)
@@ -95,8 +172,9 @@ def make_attention(ops: Any = None):
         # no transposes of ours; the output comes back [B, H, S, D] over [B, S, H, D] memory
         out = ops.flash_attention(query, key, value, causal=causal, scale=scaling, window=window,
                                   softcap=softcap or 0.0, sinks=sinks, layout="bhsd")
-        out = out[0] if isinstance(out, tuple) else out
-        return out.transpose(1, 2), None
+        out = (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
+        # [B, S, H, D] contiguous, as transformers' implementations return it (some models .view() it)
+        return (out if out.is_contiguous() else out.contiguous()), None
     return attention
 
 
@@ -129,6 +207,23 @@ def _configs(model: torch.nn.Module) -> list[Any]:
     return list(out.values())
 
 
+def _no_flash_support(model: torch.nn.Module) -> list[str]:
+    """The model classes in ``model`` that do not declare FlashAttention support. kernelset's
+    attention has FlashAttention's contract (no mask tensor without padding): transformers declares
+    it per class (``_supports_flash_attn``, before 4.5x ``_supports_flash_attn_2``)."""
+    from transformers import PreTrainedModel
+    out = set()
+    for m in model.modules():
+        if isinstance(m, PreTrainedModel):
+            cls = type(m)
+            ok = getattr(cls, "_supports_flash_attn", None)
+            if ok is None:
+                ok = getattr(cls, "_supports_flash_attn_2", False)
+            if not ok:
+                out.add(cls.__name__)
+    return sorted(out)
+
+
 def patch(handle: Any, model: torch.nn.Module, ops: frozenset[str] | None) -> None:
     """Register and select the "kernelset" attention implementation on ``model`` (undone by restore)."""
     from .patching import Patched, Skipped
@@ -141,10 +236,16 @@ def patch(handle: Any, model: torch.nn.Module, ops: frozenset[str] | None) -> No
     if cfg is None or not hasattr(model, "set_attn_implementation"):
         handle.skipped.append(Skipped("attention", type(model).__name__, "not a transformers PreTrainedModel"))
         return
+    unsupported = _no_flash_support(model)
+    if unsupported:
+        handle.skipped.append(Skipped("attention", ", ".join(unsupported),
+                                      "declares no FlashAttention support (_supports_flash_attn): its attention "
+                                      "code needs transformers' mask tensor"))
+        return
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+    from transformers.masking_utils import AttentionMaskInterface
     AttentionInterface.register(NAME, make_attention())
-    AttentionMaskInterface.register(NAME, flash_attention_mask)
+    AttentionMaskInterface.register(NAME, mask)
     previous = cfg._attn_implementation
     before = [(c, c._attn_implementation_internal) for c in _configs(model)]
 

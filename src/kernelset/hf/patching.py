@@ -466,7 +466,8 @@ class _RotaryPatch:
 
     def __call__(self, q, k, cos, sin, *args, **kwargs):
         handle = next((h for h in reversed(self.handles) if h.scope.inside()), None)
-        if handle is None:  # another model of this family, not kernelized
+        if handle is None or not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin)):
+            # another model of this family, not kernelized; or a call without both q and k
             return self.original(q, k, cos, sin, *args, **kwargs)
         u = self._unsqueeze(args, kwargs)
         sig = (q.dim(), q.shape[-1], k.shape[-1], cos.dim(), cos.shape[-1], u, q.dtype, cos.dtype, q.device.type)
@@ -479,6 +480,19 @@ class _RotaryPatch:
         if v is None or q.dtype != k.dtype:
             return self.original(q, k, cos, sin, *args, **kwargs)
         return v.run(handle.ops, q, k, cos, sin, u)
+
+
+def _rotary_signature(fn: Callable) -> str | None:
+    """None when ``fn`` takes (q, k, cos, sin, ...) as its first four parameters, else why not."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())[:4]
+    except (TypeError, ValueError):
+        return "its signature cannot be read"
+    names = [p.name for p in params]
+    positional = all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+    if names != ["q", "k", "cos", "sin"] or not positional:
+        return f"its parameters ({', '.join(names)}, ...) are not (q, k, cos, sin, ...)"
+    return None
 
 
 def _model_modules(model: nn.Module) -> list[Any]:
@@ -498,6 +512,10 @@ def _patch_rotary(handle: Kernelized, model: nn.Module, ops: frozenset[str] | No
                 patch = fn
                 patch.handles.append(handle)
             elif callable(fn):
+                why = _rotary_signature(fn)
+                if why is not None:  # e.g. DeepSeek-V4's apply_rotary_pos_emb(x, cos, sin): one tensor
+                    handle.skipped.append(Skipped("rotary", f"{mod.__name__.rsplit('.', 1)[-1]}.{name}", why))
+                    continue
                 patch = _RotaryPatch(handle, mod, name, fn)
                 setattr(mod, name, patch)
             else:

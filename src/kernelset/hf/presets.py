@@ -207,3 +207,28 @@ def tiny(name: str, *, hidden: int = 64, layers: int = 2, vocab: int = 128, wind
     if cfg.get("model_type") == "gpt_oss":
         cfg["intermediate_size"] = hidden  # gpt-oss's experts are hidden wide
     return cfg
+
+
+# sizes for tiny_from_defaults: every field a config class may have that sets a dimension or a count
+_TINY_FIELDS = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                    intermediate_size=128, vocab_size=128, head_dim=16, max_position_embeddings=256,
+                    num_local_experts=4, num_experts=4, n_routed_experts=4, num_experts_per_tok=2,
+                    moe_intermediate_size=32, shared_expert_intermediate_size=64, kv_lora_rank=32, q_lora_rank=32,
+                    qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_group=1, topk_group=1,
+                    first_k_dense_replace=1, sliding_window=8, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
+def tiny_from_defaults(model_type: str) -> Any:
+    """A transformers config of ``model_type`` at toy size: the config class's defaults with every
+    size field it has shrunk (hidden 64, 2 layers of two kinds where it has layer types, 4/2 heads,
+    vocab 128, sliding window 8). Unlike ``tiny``, any family transformers knows; the shrunk config
+    may not build (fields this does not know): the caller finds out."""
+    from transformers import CONFIG_MAPPING
+    cfg = CONFIG_MAPPING[model_type]()
+    for k, v in _TINY_FIELDS.items():
+        if hasattr(cfg, k) and not isinstance(getattr(cfg, k), (list, dict)):
+            setattr(cfg, k, v)
+    if isinstance(getattr(cfg, "layer_types", None), list):
+        kinds = sorted(set(cfg.layer_types))
+        cfg.layer_types = (kinds * 2)[:2]
+    return cfg

@@ -1,0 +1,171 @@
+"""kernelize beyond the coverage list: every causal-LM family the installed transformers knows, and
+the attention contracts that session 29's sweep (``scripts/hf_family_sweep.py``) found broken.
+
+- Every family in transformers' causal-LM mapping, built tiny from its config class's defaults
+  (``presets.tiny_from_defaults``), fp32: the kernelized logits equal the unpatched ones (rel err
+  < 1e-5), or kernelize leaves the part it cannot run alone. A config the shrinking cannot build is
+  skipped (the test's limit, not a finding).
+- Packed sequences (``position_ids`` restarting inside a row, no mask, no cache: transformers'
+  padding-free training) stay apart: they attended across sequences before (rel err 0.9).
+- A window that lives only in the mask (Phi-3.5-MoE passes no ``sliding_window`` to its attention).
+- Models whose classes declare no FlashAttention support keep their attention (DeepSeek-V4, Doge,
+  Inkling edit or combine the mask tensor in their attention code).
+- A rotary function whose first parameters are not (q, k, cos, sin) is left alone.
+- The attention's output is contiguous ``[B, S, H, D]`` (AFMoE ``.view()``s it).
+
+AUTO dispatch on CPU: these check what kernelize matches and how it routes, not kernel numerics
+(test_hf.py forces the Triton kernels on the coverage list).
+"""
+import warnings
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import kernelset as ks  # noqa: E402
+from kernelset.core.tolerance import rel_err  # noqa: E402
+from kernelset.hf import attention as hf_attention  # noqa: E402
+from kernelset.hf.evaluate import build_model, config_for  # noqa: E402
+from kernelset.hf.patching import _rotary_signature  # noqa: E402
+from kernelset.hf.presets import FAMILY_PRESETS, tiny_from_defaults  # noqa: E402
+from transformers import CONFIG_MAPPING, AutoModelForCausalLM  # noqa: E402
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+def _tiny_default_model(model_type: str):
+    """The family's tiny model in fp32 eval, or a skip when the shrunk config does not build or run."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.manual_seed(0)
+            cfg = tiny_from_defaults(model_type)
+            with torch.device("meta"):
+                n = sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters())
+            if n > 20_000_000:
+                raise ValueError(f"{n / 1e6:.0f}M parameters after shrinking")
+            model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
+            ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(1))
+            with torch.no_grad():
+                ref = model(ids).logits
+    except Exception as e:  # noqa: BLE001  (a config the shrinking does not handle)
+        pytest.skip(f"{model_type} does not build at toy size: {type(e).__name__}: {str(e)[:120]}")
+    return model, ids, ref
+
+
+@pytest.mark.parametrize("model_type", sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES))
+def test_every_installed_family_keeps_its_logits(model_type):
+    model, ids, ref = _tiny_default_model(model_type)
+    with ks.hf.kernelize(model) as h, torch.no_grad():
+        got = model(ids).logits
+        report = h.report()
+    assert rel_err(got.float(), ref.float()) < 1e-5, report
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, ref)  # restore() gave every forward back
+
+
+def _tiny(family, **kw):
+    return build_model(config_for(FAMILY_PRESETS[family], tiny_model=True, init_std=0.2, **kw),
+                       attn_implementation="eager")
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_packed_sequences_stay_apart(family, mode):
+    """Two sequences packed in each row (position_ids restart, no mask, no cache): transformers builds a
+    block-diagonal mask from position_ids; kernelset's mask function hands that mask on instead of
+    None (which ran one causal sequence over both), loss and gradients included in training."""
+    m0, m1 = _tiny(family), _tiny(family)
+    m1.load_state_dict(m0.state_dict())
+    ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(1))
+    pos = torch.cat([torch.arange(5), torch.arange(7)])[None].expand(2, -1)
+    if mode == "inference":
+        with torch.no_grad():
+            ref = m0(ids, position_ids=pos, use_cache=False).logits
+            with ks.hf.kernelize(m1) as h:
+                got = m1(ids, position_ids=pos, use_cache=False).logits
+                assert h.counts.get("attention_fallback") == m1.config.num_hidden_layers
+        assert rel_err(got, ref) < 1e-5
+        return
+    m0.train()
+    m1.train()
+    labels = ids.clone()
+    with ks.hf.kernelize(m1, mode="training"):
+        l1 = m1(ids, position_ids=pos, labels=labels, use_cache=False).loss
+        l1.backward()
+    l0 = m0(ids, position_ids=pos, labels=labels, use_cache=False).loss
+    l0.backward()
+    assert rel_err(l1, l0) < 1e-5
+    for (name, p0), p1 in zip(m0.named_parameters(), m1.parameters()):
+        assert rel_err(p1.grad, p0.grad) < 1e-4, name
+
+
+@pytest.mark.skipif("phimoe" not in CONFIG_MAPPING, reason="this transformers has no phimoe")
+def test_window_given_only_by_the_mask():
+    """Phi-3.5-MoE builds a sliding-window mask but passes no sliding_window to its attention: with
+    no padding the mask function used to return None, and the window was lost past 8 tokens."""
+    cfg = tiny_from_defaults("phimoe")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
+    ids = torch.randint(3, 128, (2, 20), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = model(ids).logits
+        with ks.hf.kernelize(model) as h:
+            got = model(ids).logits
+            assert h.counts.get("flash_attention") == cfg.num_hidden_layers  # the kernel, not a fallback
+    assert rel_err(got, ref) < 1e-5
+
+
+def test_mask_function_patterns():
+    from transformers import masking_utils as mu
+    assert hf_attention.window_of(mu.causal_mask_function) is None
+    assert hf_attention.window_of(mu.sliding_window_causal_mask_function(37)) == 37
+    assert hf_attention.window_of(mu.and_masks(mu.causal_mask_function, mu.sliding_window_overlay(5))) == 5
+    unknown = [mu.and_masks(mu.causal_mask_function, mu.padding_mask_function(torch.ones(1, 4, dtype=torch.bool))),
+               mu.or_masks(mu.causal_mask_function, mu.sliding_window_overlay(5)),
+               mu.sliding_window_bidirectional_mask_function(5), mu.bidirectional_mask_function,
+               lambda b, h, q, kv: kv <= q]
+    for fn in unknown:
+        assert hf_attention.window_of(fn) is hf_attention.UNKNOWN
+
+
+def test_no_flash_support_keeps_the_attention(monkeypatch):
+    model = _tiny("llama")
+    monkeypatch.setattr(type(model), "_supports_flash_attn", False)
+    ids = torch.randint(3, 128, (1, 10), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref = model(ids).logits
+        with ks.hf.kernelize(model) as h:
+            got = model(ids).logits
+            assert "flash_attention" not in h.counts and "attention_fallback" not in h.counts
+            assert any(s.rule == "attention" and "_supports_flash_attn" in s.reason for s in h.skipped)
+            assert model.config._attn_implementation == "eager"
+    assert rel_err(got, ref) < 1e-5
+
+
+def test_rotary_signature():
+    def qkcs(q, k, cos, sin, unsqueeze_dim=1): ...
+    def one(x, cos, sin, unsqueeze_dim=1): ...
+    def swapped(tensor, sin, cos): ...
+    def with_v(q, k, v, cos, sin, position_ids, unsqueeze_dim=1): ...
+    def keyword_only(q, k, *, cos, sin): ...
+    assert _rotary_signature(qkcs) is None
+    for fn in (one, swapped, with_v, keyword_only):
+        assert _rotary_signature(fn) is not None, fn.__name__
+
+
+def test_attention_output_is_contiguous_bshd():
+    model = _tiny("llama")
+    attn = model.model.layers[0].self_attn
+    b, h, s, d = 2, model.config.num_attention_heads, 6, model.config.head_dim
+    kv = model.config.num_key_value_heads
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(b, h, s, d, generator=g)
+    k, v = torch.randn(b, kv, s, d, generator=g), torch.randn(b, kv, s, d, generator=g)
+    k_strided = torch.randn(b, kv, d, s, generator=g).transpose(2, 3)  # head dim not unit-stride
+    for key in (k, k_strided):
+        out, _ = hf_attention.make_attention(ks.hf.patching._PLAIN)(attn, q, key, v, None, scaling=d ** -0.5)
+        assert out.shape == (b, s, h, d) and out.is_contiguous()
+        out.view(b, s, -1)
