@@ -11,7 +11,12 @@ reports the logits' relative error and what was patched. A family is:
   left alone);
 - ``no-build``: the shrunk config did not build or run unpatched (the sweep's limit, not a finding).
 
-Usage: python scripts/hf_family_sweep.py [--only a,b] [--verbose]   (CPU is enough)
+``--mode decode`` compares a cached decode (teacher-forced, one token a step) instead of one
+forward; ``--mode training`` kernelizes in training mode and compares the loss and every gradient
+(within 1e-4).
+
+Usage: python scripts/hf_family_sweep.py [--only a,b] [--mode forward|decode|training] [--verbose]
+(CPU is enough)
 """
 from __future__ import annotations
 
@@ -22,12 +27,35 @@ import warnings
 
 import torch
 
-def sweep(types: list[str], verbose: bool) -> dict[str, list[str]]:
+def _run(model, ids, mode: str):
+    """What the mode compares: forward logits; cached decode logits (8-token prefill, then one token
+    at a time, teacher-forced); or the loss and every parameter gradient (eval mode, so no dropout or
+    router noise, grad on)."""
+    if mode == "forward":
+        with torch.no_grad():
+            return [model(ids).logits]
+    if mode == "decode":
+        with torch.no_grad():
+            out = model(ids[:, :8], use_cache=True)
+            logits, cache = [out.logits], out.past_key_values
+            for t in range(8, ids.shape[1]):
+                out = model(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+                logits.append(out.logits)
+                cache = out.past_key_values
+            return [torch.cat(logits, 1)]
+    model.zero_grad(set_to_none=True)
+    loss = model(ids, labels=ids, use_cache=False).loss
+    loss.backward()
+    return [loss.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+def sweep(types: list[str], verbose: bool, mode: str) -> dict[str, list[str]]:
     import kernelset as ks
     from kernelset.core.tolerance import rel_err
     from kernelset.hf.presets import tiny_from_defaults
     from transformers import AutoModelForCausalLM
 
+    tol = 1e-4 if mode == "training" else 1e-5
     out: dict[str, list[str]] = {}
     for mt in types:
         try:
@@ -41,24 +69,34 @@ def sweep(types: list[str], verbose: bool) -> dict[str, list[str]]:
                     raise ValueError(f"{n / 1e6:.0f}M parameters after shrinking")
                 model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
                 ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(1))
-                with torch.no_grad():
-                    ref = model(ids).logits
+                ref = _run(model, ids, mode)
         except Exception as e:  # noqa: BLE001  (the sweep's own limit, reported)
             out.setdefault("no-build", []).append(f"{mt}: {type(e).__name__}: {str(e)[:100]}")
             continue
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                with ks.hf.kernelize(model) as h, torch.no_grad():
-                    got = model(ids).logits
+                with ks.hf.kernelize(model, mode="training" if mode == "training" else "inference") as h:
+                    got = _run(model, ids, mode)
                     counts = dict(h.counts)
                     rules = sorted({p.rule for p in h.patched})
         except Exception as e:  # noqa: BLE001
             out.setdefault("kernelize-error", []).append(f"{mt}: {type(e).__name__}: {str(e)[:160]}")
             continue
-        err = rel_err(got.float(), ref.float())
-        kind = "same" if err < 1e-5 else "WRONG"
-        detail = f"{mt}: rel err {err:.1e}; rules {rules}; ops {counts}"
+        if len(got) != len(ref):
+            errs = [float("inf")]
+        elif mode == "training":
+            # gradients: error over max(own norm, 1e-4 x all gradients' norm); a gradient that is zero in exact
+            # math (a key bias: softmax ignores a constant per row) is rounding noise on both sides
+            floor = 1e-4 * float(torch.stack([r.float().norm() for r in ref[1:]]).norm()) if len(ref) > 1 else 0.0
+            errs = [rel_err(got[0].float(), ref[0].float())] + [
+                float((g.float() - r.float()).norm()) / max(float(r.float().norm()), floor, 1e-30)
+                for g, r in zip(got[1:], ref[1:])]
+        else:
+            errs = [rel_err(g.float(), r.float()) for g, r in zip(got, ref)]
+        err = max(errs)
+        kind = "same" if err < tol else "WRONG"
+        detail = f"{mt}: rel err {err:.1e} (tensor {errs.index(err)}); rules {rules}; ops {counts}"
         out.setdefault(kind, []).append(detail if (verbose or kind != "same") else f"{mt} {sorted(counts)}")
     return out
 
@@ -67,10 +105,11 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--only", default="")
     p.add_argument("--verbose", action="store_true")
+    p.add_argument("--mode", choices=("forward", "decode", "training"), default="forward")
     args = p.parse_args()
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     types = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) if not args.only else args.only.split(",")
-    res = sweep(types, args.verbose)
+    res = sweep(types, args.verbose, args.mode)
     for kind in ("WRONG", "kernelize-error", "same", "no-build"):
         rows = res.get(kind, [])
         print(f"== {kind}: {len(rows)}")

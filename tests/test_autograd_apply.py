@@ -76,3 +76,36 @@ def test_second_order_gradient_is_refused_by_name(op, backend, device):
     y = _DOUBLE_CASES[op](x, backend)
     (g,) = torch.autograd.grad(y.float().pow(2).sum(), x)
     assert torch.isfinite(g).all()
+
+
+@pytest.mark.parametrize("op", ["gated_mlp", "rms_norm", "silu_and_mul"])
+def test_outputs_take_in_place_ops(op, device):
+    """An op's output is a plain tensor to autograd: an in-place add on it works and its gradient
+    flows (Llama 4's MoE adds the routed experts into its shared expert's output with add_; the
+    gated MLP's output was a view of a multi-output node, which refuses in-place ops)."""
+    g = torch.Generator().manual_seed(0)
+    x0 = torch.randn(2, 3, 16, generator=g).to(device)
+    if op == "gated_mlp":
+        ws = [(torch.randn(*s, generator=g) * 0.2).to(device).requires_grad_() for s in ((24, 16), (24, 16), (16, 24))]
+        fn = lambda x: ks.gated_mlp(x, *ws)  # noqa: E731
+        ref_fn = lambda x: (torch.nn.functional.silu(x @ ws[0].t()) * (x @ ws[1].t())) @ ws[2].t()  # noqa: E731
+    elif op == "rms_norm":
+        ws = [torch.randn(16, generator=g).to(device).requires_grad_()]
+        fn = lambda x: ks.rms_norm(x, ws[0])  # noqa: E731
+        ref_fn = lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * ws[0]  # noqa: E731
+    else:
+        ws = []
+        fn = ks.silu_and_mul
+        ref_fn = lambda x: torch.nn.functional.silu(x[..., :8]) * x[..., 8:]  # noqa: E731
+    extra = torch.randn(2, 3, 16 if op != "silu_and_mul" else 8, generator=g).to(device)
+    grads = []
+    for f in (fn, ref_fn):
+        x = x0.clone().requires_grad_()
+        for w in ws:
+            w.grad = None
+        y = f(x)
+        y.add_(extra)
+        (y * y).sum().backward()
+        grads.append([x.grad] + [w.grad for w in ws])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)

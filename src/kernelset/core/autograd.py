@@ -63,6 +63,11 @@ class EagerAutograd(torch.autograd.Function):
     @staticmethod
     def forward(ctx, spec: AutogradSpec, *inputs: Any):
         out = spec.forward(*inputs)
+        if isinstance(out, tuple):
+            # an output that is a view of the op's own result (y.view(x.shape)) would come out as a view
+            # of a multi-output node, which refuses in-place ops (Llama 4's MoE adds into its shared
+            # expert's output); detached it is a plain tensor over the same memory and version counter
+            out = tuple(_unview(o, inputs) for o in out)
         ctx.eager = True
         ctx.spec = spec
         spec.setup(ctx, inputs, out)
@@ -88,6 +93,16 @@ class EagerAutograd(torch.autograd.Function):
                 if grads[i] is None:
                     grads[i] = torch.zeros(shape, dtype=dtype, device=device)
         return (None,) + tuple(ctx.spec.backward(ctx, *grads))
+
+
+def _unview(t: Any, inputs: tuple) -> Any:
+    if not isinstance(t, torch.Tensor) or not t._is_view():
+        return t
+    ptr = t.untyped_storage().data_ptr()
+    for i in inputs:  # a view of an input stays one (aliasing an input must stay visible to autograd)
+        if isinstance(i, torch.Tensor) and i.untyped_storage().data_ptr() == ptr:
+            return t
+    return t.detach()
 
 
 def _name(ctx) -> str:
