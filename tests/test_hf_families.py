@@ -15,8 +15,8 @@ the attention contracts that session 29's sweep (``scripts/hf_family_sweep.py``)
 - Training mode (loss and every gradient) and a cached decode on a handful of hard families
   (Llama 4's in-place add into its shared expert's output failed in training mode).
 
-AUTO dispatch on CPU: these check what kernelize matches and how it routes, not kernel numerics
-(test_hf.py forces the Triton kernels on the coverage list).
+AUTO dispatch (on CPU the references: these check what kernelize matches and how it routes; on a
+GPU the kernels AUTO picks, in fp32).
 """
 import warnings
 
@@ -35,6 +35,7 @@ from transformers import CONFIG_MAPPING, AutoModelForCausalLM  # noqa: E402
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore")
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _tiny_default_model(model_type: str):
@@ -48,8 +49,8 @@ def _tiny_default_model(model_type: str):
                 n = sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters())
             if n > 20_000_000:
                 raise ValueError(f"{n / 1e6:.0f}M parameters after shrinking")
-            model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
-            ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(1))
+            model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval().to(DEVICE)
+            ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(1)).to(DEVICE)
             with torch.no_grad():
                 ref = model(ids).logits
     except Exception as e:  # noqa: BLE001  (a config the shrinking does not handle)
@@ -116,7 +117,7 @@ def test_hard_families_train_and_decode(model_type):
 
 def _tiny(family, **kw):
     return build_model(config_for(FAMILY_PRESETS[family], tiny_model=True, init_std=0.2, **kw),
-                       attn_implementation="eager")
+                       attn_implementation="eager", device=DEVICE)
 
 
 @pytest.mark.parametrize("mode", ["inference", "training"])
@@ -127,8 +128,8 @@ def test_packed_sequences_stay_apart(family, mode):
     None (which ran one causal sequence over both), loss and gradients included in training."""
     m0, m1 = _tiny(family), _tiny(family)
     m1.load_state_dict(m0.state_dict())
-    ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(1))
-    pos = torch.cat([torch.arange(5), torch.arange(7)])[None].expand(2, -1)
+    ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    pos = torch.cat([torch.arange(5), torch.arange(7)])[None].expand(2, -1).to(DEVICE)
     if mode == "inference":
         with torch.no_grad():
             ref = m0(ids, position_ids=pos, use_cache=False).logits
@@ -156,8 +157,8 @@ def test_window_given_only_by_the_mask():
     no padding the mask function used to return None, and the window was lost past 8 tokens."""
     cfg = tiny_from_defaults("phimoe")
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
-    ids = torch.randint(3, 128, (2, 20), generator=torch.Generator().manual_seed(2))
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval().to(DEVICE)
+    ids = torch.randint(3, 128, (2, 20), generator=torch.Generator().manual_seed(2)).to(DEVICE)
     with torch.no_grad():
         ref = model(ids).logits
         with ks.hf.kernelize(model) as h:
@@ -182,7 +183,7 @@ def test_mask_function_patterns():
 def test_no_flash_support_keeps_the_attention(monkeypatch):
     model = _tiny("llama")
     monkeypatch.setattr(type(model), "_supports_flash_attn", False)
-    ids = torch.randint(3, 128, (1, 10), generator=torch.Generator().manual_seed(3))
+    ids = torch.randint(3, 128, (1, 10), generator=torch.Generator().manual_seed(3)).to(DEVICE)
     with torch.no_grad():
         ref = model(ids).logits
         with ks.hf.kernelize(model) as h:
@@ -210,9 +211,9 @@ def test_attention_output_is_contiguous_bshd():
     b, h, s, d = 2, model.config.num_attention_heads, 6, model.config.head_dim
     kv = model.config.num_key_value_heads
     g = torch.Generator().manual_seed(4)
-    q = torch.randn(b, h, s, d, generator=g)
-    k, v = torch.randn(b, kv, s, d, generator=g), torch.randn(b, kv, s, d, generator=g)
-    k_strided = torch.randn(b, kv, d, s, generator=g).transpose(2, 3)  # head dim not unit-stride
+    q = torch.randn(b, h, s, d, generator=g).to(DEVICE)
+    k, v = torch.randn(b, kv, s, d, generator=g).to(DEVICE), torch.randn(b, kv, s, d, generator=g).to(DEVICE)
+    k_strided = torch.randn(b, kv, d, s, generator=g).to(DEVICE).transpose(2, 3)  # head dim not unit-stride
     for key in (k, k_strided):
         out, _ = hf_attention.make_attention(ks.hf.patching._PLAIN)(attn, q, key, v, None, scaling=d ** -0.5)
         assert out.shape == (b, s, h, d) and out.is_contiguous()

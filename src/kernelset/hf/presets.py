@@ -215,7 +215,9 @@ _TINY_FIELDS = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, 
                     num_local_experts=4, num_experts=4, n_routed_experts=4, num_experts_per_tok=2,
                     moe_intermediate_size=32, shared_expert_intermediate_size=64, kv_lora_rank=32, q_lora_rank=32,
                     qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_group=1, topk_group=1,
-                    first_k_dense_replace=1, sliding_window=8, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+                    first_k_dense_replace=1, sliding_window=8, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                    rotary_dim=8, decoder_layers=2, encoder_layers=2, decoder_attention_heads=4,
+                    encoder_attention_heads=4, decoder_ffn_dim=128, encoder_ffn_dim=128, d_model=64)
 
 
 def tiny_from_defaults(model_type: str) -> Any:
@@ -225,10 +227,19 @@ def tiny_from_defaults(model_type: str) -> Any:
     may not build (fields this does not know): the caller finds out."""
     from transformers import CONFIG_MAPPING
     cfg = CONFIG_MAPPING[model_type]()
-    for k, v in _TINY_FIELDS.items():
-        if hasattr(cfg, k) and not isinstance(getattr(cfg, k), (list, dict)):
-            setattr(cfg, k, v)
-    if isinstance(getattr(cfg, "layer_types", None), list):
-        kinds = sorted(set(cfg.layer_types))
-        cfg.layer_types = (kinds * 2)[:2]
+    fields = dict(_TINY_FIELDS)
+    if hasattr(cfg, "qk_rope_head_dim"):  # MLA: the rotary part is the head dim rope tables are built for
+        fields["head_dim"] = fields["qk_rope_head_dim"]
+    for k, v in fields.items():
+        try:
+            if hasattr(cfg, k) and not isinstance(getattr(cfg, k), (list, dict)):
+                setattr(cfg, k, v)
+        except (AttributeError, ValueError, TypeError):  # read-only or per-layer fields stay as they are
+            pass
+    try:
+        if isinstance(getattr(cfg, "layer_types", None), list):
+            kinds = sorted(set(cfg.layer_types))
+            cfg.layer_types = (kinds * 2)[:2]
+    except (AttributeError, ValueError, TypeError):
+        pass
     return cfg
