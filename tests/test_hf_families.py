@@ -49,12 +49,15 @@ def _tiny_default_model(model_type: str):
                 n = sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters())
             if n > 20_000_000:
                 raise ValueError(f"{n / 1e6:.0f}M parameters after shrinking")
-            model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval().to(DEVICE)
-            ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+            model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
+            ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(1))
             with torch.no_grad():
-                ref = model(ids).logits
+                model(ids)  # on the CPU first: a bad lookup raises here instead of a device assert
     except Exception as e:  # noqa: BLE001  (a config the shrinking does not handle)
         pytest.skip(f"{model_type} does not build at toy size: {type(e).__name__}: {str(e)[:120]}")
+    model, ids = model.to(DEVICE), ids.to(DEVICE)
+    with torch.no_grad():
+        ref = model(ids).logits
     return model, ids, ref
 
 
@@ -218,3 +221,34 @@ def test_attention_output_is_contiguous_bshd():
         out, _ = hf_attention.make_attention(ks.hf.patching._PLAIN)(attn, q, key, v, None, scaling=d ** -0.5)
         assert out.shape == (b, s, h, d) and out.is_contiguous()
         out.view(b, s, -1)
+
+
+def test_lookup_probe_runs_on_the_cpu():
+    """An embedding subclass that adds an offset to its ids (BioGPT's and OPT's learned positions)
+    indexes past its table on the probe's ids: probed on the model's GPU that was a device assert,
+    which ended the process's CUDA context inside kernelize. The probe runs on a CPU copy with a
+    narrow table, where the lookup raises and the module is left alone."""
+    class Offset(torch.nn.Embedding):
+        def forward(self, ids):
+            return super().forward(ids + 2)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pos = Offset(16, 8)
+            self.tok = torch.nn.Embedding(16, 8)
+
+        def forward(self, ids):
+            return self.tok(ids) + self.pos(ids.clamp(max=13))
+
+    net = Net().to(DEVICE)
+    ids = torch.randint(0, 14, (2, 5), generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    with torch.no_grad():
+        ref = net(ids)
+    from kernelset.hf.patching import _cpu_narrow_copy
+    assert _cpu_narrow_copy(net.pos).weight.device.type == "cpu" and net.pos.weight.device == DEVICE
+    with ks.hf.kernelize(net, ops={"embedding"}) as h, torch.no_grad():
+        got = net(ids)
+        assert any(s.where == "pos" and "IndexError" in s.reason for s in h.skipped), h.report()
+        assert [p.where for p in h.patched if p.rule == "embedding"] == ["tok"]
+    assert torch.equal(got, ref)

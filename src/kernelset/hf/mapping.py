@@ -65,6 +65,10 @@ class Rule:
     behaviours: tuple[Behaviour, ...]
     probe_inputs: Callable[[nn.Module, torch.dtype], tuple]  # random inputs for the behaviour probe
     probe_copy: bool = False  # probe a copy with random parameters in fp32 and bf16 (small modules only)
+    # probe a CPU copy with a narrow random table: the module's forward indexes, and an out-of-range lookup
+    # (a subclass adding an offset: BioGPT's and OPT's positions) is a device assert on a GPU, which ends the
+    # process's CUDA context, where the CPU raises IndexError
+    probe_on_cpu: bool = False
     method: str = "forward"  # the bound method replaced on each matching module
 
 
@@ -318,7 +322,10 @@ def _emb_build(scaled: bool) -> Build:
             # no host-side id check: nn.Embedding has none either (a device assert), and a host sync at
             # every forward would stall the queue; a bad id gives a NaN row and no gradient
             out = ops.embedding(input_ids, m.weight, check_ids=False)
-            return out * m.embed_scale.to(m.weight.dtype) if scaled else out
+            if not scaled:
+                return out
+            scale = m.embed_scale  # a buffer (Gemma) or a float (BioGPT)
+            return out * (scale.to(m.weight.dtype) if isinstance(scale, torch.Tensor) else scale)
         return forward
     return build
 
@@ -358,7 +365,7 @@ RULES: tuple[Rule, ...] = (
     Rule("embedding", "token embeddings (plain, or times embed_scale)", _emb_candidate,
          (Behaviour("lookup", ("embedding",), _emb_build(False)),
           Behaviour("lookup * embed_scale", ("embedding",), _emb_build(True), lambda m: hasattr(m, "embed_scale"))),
-         _emb_inputs),
+         _emb_inputs, probe_on_cpu=True),
 )
 
 TRAINING_PRECONDITIONS: dict[str, Callable[[nn.Module], str | None]] = {

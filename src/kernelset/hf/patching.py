@@ -180,6 +180,8 @@ def math_inf() -> float:
 def _probe_modules(rule: Rule, m: nn.Module) -> list[tuple[nn.Module, torch.dtype]]:
     """The module itself, or (small modules) copies with random parameters in fp32 and bf16: random
     weights tell ``w`` from ``1 + w``, bf16 tells where the result is rounded."""
+    if rule.probe_on_cpu:
+        return [(_cpu_narrow_copy(m), mapping._param_dtype(m))]
     if not rule.probe_copy:
         return [(m, mapping._param_dtype(m))]
     out = []
@@ -190,6 +192,22 @@ def _probe_modules(rule: Rule, m: nn.Module) -> list[tuple[nn.Module, torch.dtyp
                 p.copy_(torch.randn_like(p) * 0.5 + 0.3)
         out.append((c, dt))
     return out
+
+
+def _cpu_narrow_copy(m: nn.Module) -> nn.Module:
+    """A shallow copy of a lookup module on the CPU: its weight a random [rows, 8] table in its dtype,
+    its buffers and tensor attributes (``embed_scale``) copied to the CPU; same class, same forward."""
+    c = copy.copy(m)
+    c._parameters, c._buffers = {}, {k: (None if v is None else v.detach().cpu()) for k, v in m._buffers.items()}
+    for k, v in list(vars(c).items()):
+        if isinstance(v, torch.Tensor):
+            setattr(c, k, v.detach().cpu())
+    w = m.weight
+    g = torch.Generator().manual_seed(0)
+    c.weight = nn.Parameter(torch.randn(w.shape[0], 8, generator=g).to(w.dtype), requires_grad=False)
+    if hasattr(c, "embedding_dim"):
+        c.embedding_dim = 8
+    return c
 
 
 def probe(rule: Rule, m: nn.Module, mode: Mode) -> tuple[Behaviour | None, str]:
