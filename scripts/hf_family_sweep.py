@@ -9,6 +9,7 @@ reports the logits' relative error and what was patched. A family is:
 - ``WRONG``: patched logits differ: a module was matched to a behaviour it does not have (a bug);
 - ``kernelize-error``: kernelize or the patched forward raised (a bug: unknown modules must be
   left alone);
+- ``hf-disagrees``: transformers' own eager and SDPA attention differ (no reference to hold to);
 - ``no-build``: the shrunk config did not build or run unpatched (the sweep's limit, not a finding).
 
 ``--mode decode`` compares a cached decode (teacher-forced, one token a step) instead of one
@@ -49,7 +50,12 @@ def _run(model, ids, mode: str):
     return [loss.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
 
-def sweep(types: list[str], verbose: bool, mode: str) -> dict[str, list[str]]:
+OPS = ("rms_norm", "layer_norm", "silu_and_mul", "swiglu", "gelu_and_mul", "swiglu_oai", "apply_rotary",
+       "flash_attention", "embedding", "cross_entropy", "linear_cross_entropy", "gated_mlp", "qkv_rope")
+
+
+def sweep(types: list[str], verbose: bool, mode: str, device: str = "cpu",
+          one_by_one: bool = False) -> dict[str, list[str]]:
     import kernelset as ks
     from kernelset.core.tolerance import rel_err
     from kernelset.hf.presets import tiny_from_defaults
@@ -69,14 +75,42 @@ def sweep(types: list[str], verbose: bool, mode: str) -> dict[str, list[str]]:
                     raise ValueError(f"{n / 1e6:.0f}M parameters after shrinking")
                 model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
                 ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(1))
+                _run(model, ids, mode)  # on the CPU first: a bad lookup raises instead of a device assert
+                model, ids = model.to(device), ids.to(device)
                 ref = _run(model, ids, mode)
+                try:  # transformers' own eager and sdpa must agree first (5.17's Moshi: eager unmasked)
+                    model.set_attn_implementation("sdpa")
+                    other = _run(model, ids, "forward")[0]
+                    model.set_attn_implementation("eager")
+                    disagree = rel_err(other.float(), _run(model, ids, "forward")[0].float()) > 1e-5
+                except Exception:  # noqa: BLE001  (no SDPA for this family)
+                    model.set_attn_implementation("eager")
+                    disagree = False
         except Exception as e:  # noqa: BLE001  (the sweep's own limit, reported)
             out.setdefault("no-build", []).append(f"{mt}: {type(e).__name__}: {str(e)[:100]}")
             continue
+        if disagree:
+            out.setdefault("hf-disagrees", []).append(f"{mt}: transformers' eager and sdpa differ")
+            continue
+        kmode = "training" if mode == "training" else "inference"
+        if one_by_one:  # which op: each alone (merged projections count as "merge")
+            for op in OPS + ("merge",):
+                kw = dict(merge_projections=True, ops=["embedding"]) if op == "merge" else dict(ops=[op])
+                if op == "merge" and kmode == "training":
+                    continue
+                try:
+                    with warnings.catch_warnings(), ks.hf.kernelize(model, mode=kmode, **kw) as h:
+                        warnings.simplefilter("ignore")
+                        got = _run(model, ids, mode)
+                        if h.counts:
+                            err = max(rel_err(g.float(), r.float()) for g, r in zip(got, ref))
+                            print(f"{mt} {op}: rel err {err:.1e} {dict(h.counts)}", flush=True)
+                except Exception as e:  # noqa: BLE001
+                    print(f"{mt} {op}: {type(e).__name__}: {str(e)[:160]}", flush=True)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                with ks.hf.kernelize(model, mode="training" if mode == "training" else "inference") as h:
+                with ks.hf.kernelize(model, mode=kmode) as h:
                     got = _run(model, ids, mode)
                     counts = dict(h.counts)
                     rules = sorted({p.rule for p in h.patched})
@@ -106,11 +140,13 @@ def main() -> int:
     p.add_argument("--only", default="")
     p.add_argument("--verbose", action="store_true")
     p.add_argument("--mode", choices=("forward", "decode", "training"), default="forward")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--one-by-one", action="store_true", help="also each op alone (which op differs)")
     args = p.parse_args()
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     types = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) if not args.only else args.only.split(",")
-    res = sweep(types, args.verbose, args.mode)
-    for kind in ("WRONG", "kernelize-error", "same", "no-build"):
+    res = sweep(types, args.verbose, args.mode, args.device, args.one_by_one)
+    for kind in ("WRONG", "kernelize-error", "same", "hf-disagrees", "no-build"):
         rows = res.get(kind, [])
         print(f"== {kind}: {len(rows)}")
         for r in rows:
