@@ -36,14 +36,8 @@ def _run(model, ids, mode: str):
         with torch.no_grad():
             return [model(ids).logits]
     if mode == "decode":
-        with torch.no_grad():
-            out = model(ids[:, :8], use_cache=True)
-            logits, cache = [out.logits], out.past_key_values
-            for t in range(8, ids.shape[1]):
-                out = model(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
-                logits.append(out.logits)
-                cache = out.past_key_values
-            return [torch.cat(logits, 1)]
+        from kernelset.hf.evaluate import cached_decode_logits
+        return [cached_decode_logits(model, ids, 8)]
     model.zero_grad(set_to_none=True)
     loss = model(ids, labels=ids, use_cache=False).loss
     loss.backward()

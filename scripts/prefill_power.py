@@ -63,6 +63,16 @@ def gemm_ms(prof, is_gemm) -> float:
                if e.device_type == torch.autograd.DeviceType.CUDA and is_gemm(e.name)) / 1e3
 
 
+def event_ms(fn) -> float:
+    """One call of fn between CUDA events, synchronized."""
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    fn()
+    e.record()
+    e.synchronize()
+    return s.elapsed_time(e)
+
+
 def report(name: str, fn, flops: float, is_gemm, seconds: float) -> None:
     """Everything under sustained load: the call repeats for ``seconds`` (clock and power sampled),
     each call timed by CUDA events (median); then, with calls still queued ahead of it (no idle
@@ -73,12 +83,7 @@ def report(name: str, fn, flops: float, is_gemm, seconds: float) -> None:
     rest = []
     for _ in range(3):  # an idle GPU first: calls from rest (a second apart), timed by CUDA events
         time.sleep(1.0)
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        rest.append(s.elapsed_time(e))
+        rest.append(event_ms(fn))
     time.sleep(1.0)  # and one from rest under the profiler
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
@@ -88,12 +93,7 @@ def report(name: str, fn, flops: float, is_gemm, seconds: float) -> None:
     with Sampler() as smp:
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < seconds:
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            walls.append(s.elapsed_time(e))
+            walls.append(event_ms(fn))
         for _ in range(3):  # queued: the GPU stays busy while the profiler starts
             fn()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:

@@ -28,7 +28,7 @@ pytest.importorskip("transformers")
 import kernelset as ks  # noqa: E402
 from kernelset.core.tolerance import rel_err  # noqa: E402
 from kernelset.hf import attention as hf_attention  # noqa: E402
-from kernelset.hf.evaluate import build_model, config_for  # noqa: E402
+from kernelset.hf.evaluate import build_model, cached_decode_logits, config_for  # noqa: E402
 from kernelset.hf.patching import _rotary_signature  # noqa: E402
 from kernelset.hf.presets import FAMILY_PRESETS, tiny_from_defaults  # noqa: E402
 from transformers import CONFIG_MAPPING, AutoModelForCausalLM  # noqa: E402
@@ -103,16 +103,6 @@ def test_hard_families_train_and_decode(model_type):
         loss.backward()
         return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
-    def decode():
-        with torch.no_grad():
-            out = model(ids[:, :8], use_cache=True)
-            logits, cache = [out.logits], out.past_key_values
-            for t in range(8, ids.shape[1]):
-                out = model(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
-                logits.append(out.logits)
-                cache = out.past_key_values
-        return torch.cat(logits, 1)
-
     l0, g0 = step()
     with ks.hf.kernelize(model, mode="training") as h:
         l1, g1 = step()
@@ -122,9 +112,9 @@ def test_hard_families_train_and_decode(model_type):
     floor = 1e-4 * float(torch.stack([g.norm() for g in g0.values()]).norm())
     for name, g in g0.items():
         assert float((g1[name] - g).norm()) / max(float(g.norm()), floor) < 1e-4, (name, report)
-    d0 = decode()
+    d0 = cached_decode_logits(model, ids, 8)
     with ks.hf.kernelize(model):
-        d1 = decode()
+        d1 = cached_decode_logits(model, ids, 8)
     assert rel_err(d1, d0) < 1e-5
 
 

@@ -137,6 +137,19 @@ def greedy(model: nn.Module, input_ids: torch.Tensor, new_tokens: int) -> tuple[
     return torch.cat(toks, 1), t1 - t0, (t2 - t1) / max(new_tokens - 1, 1)
 
 
+@torch.no_grad()
+def cached_decode_logits(model: nn.Module, ids: torch.Tensor, prefill: int) -> torch.Tensor:
+    """Logits of ``ids`` [B, S] through transformers' cache: the first ``prefill`` tokens in one call,
+    then one token a call (teacher-forced: the next input is ids', not the argmax); [B, S, V]."""
+    out = model(ids[:, :prefill], use_cache=True)
+    logits, cache = [out.logits], out.past_key_values
+    for t in range(prefill, ids.shape[1]):
+        out = model(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+        logits.append(out.logits)
+        cache = out.past_key_values
+    return torch.cat(logits, 1)
+
+
 @dataclasses.dataclass
 class EvalResult:
     device: str
