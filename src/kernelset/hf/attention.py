@@ -78,6 +78,33 @@ def window_of(fn: Any) -> Any:
     return UNKNOWN
 
 
+def packed_of(fn: Any) -> Any:
+    """The packed-sequence ids [B, S] when ``fn`` is transformers' causal mask within packed sequences
+    (padding-free training: ``causal AND same sequence``, the causal part on positions remapped per
+    sequence in newer versions, which is the same within a sequence: its positions step by one), else None."""
+    try:
+        from transformers import masking_utils as mu
+        if getattr(fn, "__code__", None) is not mu.and_masks(mu.causal_mask_function).__code__:
+            return None
+        parts = list(_closure(fn, "mask_functions"))
+        pack = getattr(mu, "packed_sequence_mask_function", None)
+        if len(parts) != 2 or pack is None:
+            return None
+        base, last = parts
+        if getattr(last, "__code__", None) is not pack(torch.zeros(1, 1)).__code__:
+            return None
+        remap = getattr(mu, "remap_positions_for_packed_sequence", None)
+        if base is not mu.causal_mask_function:
+            if remap is None or getattr(base, "__code__", None) is not remap(mu.causal_mask_function, None).__code__:
+                return None
+            if _closure(base, "mask_function") is not mu.causal_mask_function:
+                return None
+        ids = _closure(last, "packed_sequence_mask")
+        return ids if isinstance(ids, torch.Tensor) and ids.dim() == 2 else None
+    except (AttributeError, ValueError, TypeError, IndexError):
+        return None
+
+
 def mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
     """kernelset's entry in transformers' ``AttentionMaskInterface`` (its arguments: those of
     ``sdpa_mask``). Causal without padding: None. A sliding window, or padding: a 2D bool tensor
@@ -85,6 +112,12 @@ def mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
     from transformers.masking_utils import flash_attention_mask, sdpa_mask
     window = window_of(kwargs.get("mask_function"))
     batch, kv_len, device = kwargs.get("batch_size"), kwargs.get("kv_length"), kwargs.get("device")
+    packed = packed_of(kwargs.get("mask_function")) if window is UNKNOWN else None
+    if (packed is not None and not args and kwargs.get("attention_mask") is None and device is not None
+            and isinstance(batch, int) and tuple(packed.shape) == (batch, kv_len)):
+        m = torch.ones(batch, kv_len, dtype=torch.bool, device=device)
+        m._ks_window, m._ks_padded, m._ks_packed = None, False, packed
+        return m
     if window is UNKNOWN or args or not isinstance(batch, int) or not isinstance(kv_len, int):
         kwargs["allow_is_causal_skip"] = False
         return sdpa_mask(*args, **kwargs)
@@ -99,6 +132,27 @@ def mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
         m = torch.ones(batch, kv_len, dtype=torch.bool, device=device)
     m._ks_window, m._ks_padded = window, padded
     return m
+
+
+def _cu_seqlens(tag: torch.Tensor, packed: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Sequence offsets over the [B * S] rows of a packed batch, and the longest sequence; computed
+    once per forward (kept on the mask tensor all layers share: one host sync)."""
+    got = getattr(tag, "_ks_cu", None)
+    if got is None:
+        b, s = packed.shape
+        ids = (packed.to(torch.int64) + torch.arange(b, device=packed.device)[:, None] * (s + 1)).reshape(-1)
+        starts = torch.nonzero(torch.diff(ids, prepend=ids[:1] - 1)).flatten()
+        cu = torch.cat([starts, starts.new_tensor([ids.numel()])]).to(torch.int32)
+        got = tag._ks_cu = (cu, int((cu[1:] - cu[:-1]).max()))
+    return got
+
+
+def _dense_packed(tag: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """[B, 1, S, S] bool: causal within each packed sequence."""
+    s = packed.shape[1]
+    idx = torch.arange(s, device=packed.device)
+    same = packed[:, :, None] == packed[:, None, :]
+    return (same & (idx[None, :, None] >= idx[None, None, :]))[:, None]
 
 
 def _dense_mask(mask2d: torch.Tensor | None, b: int, q_len: int, k_len: int, window: int | None,
@@ -153,10 +207,18 @@ def make_attention(ops: Any = None):
             ops = fixed
         sinks = kwargs.get("s_aux")
         weights = bool(kwargs.get("output_attentions", False))  # kernelset's kernels return no weights
+        packed = None
         if attention_mask is not None and hasattr(attention_mask, "_ks_window"):
             # from ``mask``: the window transformers' mask has (authoritative), and whether keys are padding
             sliding_window = attention_mask._ks_window
-            if not attention_mask._ks_padded:
+            packed = getattr(attention_mask, "_ks_packed", None)
+            if packed is not None and (query.shape[2] != key.shape[2] or weights or (module.training and dropout > 0.0)):
+                attention_mask = _dense_packed(attention_mask, packed)  # the general path, on SDPA
+                packed = None
+            elif packed is not None:
+                tag = attention_mask
+                attention_mask = None
+            elif not attention_mask._ks_padded:
                 attention_mask = None
         if attention_mask is not None or (module.training and dropout > 0.0) or weights:
             ops.counts["attention_fallback"] += 1
@@ -164,6 +226,13 @@ def make_attention(ops: Any = None):
             return _fallback(module, query, key, value, attention_mask, scaling, dropout, sliding_window, softcap,
                              kwargs, weights)
         query, key, value = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key, value))
+        if packed is not None:  # packed sequences: flash_attention_varlen over [B * S] rows, causal per sequence
+            b, hq, s, d = query.shape
+            cu, longest = _cu_seqlens(tag, packed)
+            rows = [t.transpose(1, 2).reshape(b * s, t.shape[1], t.shape[3]) for t in (query, key, value)]
+            out = ops.flash_attention_varlen(*rows, cu, cu, longest, longest, causal=True, scale=scaling,
+                                             softcap=softcap or 0.0, sinks=sinks, check_bounds=False)
+            return out.view(b, s, hq, value.shape[3]), None
         window = (sliding_window - 1, 0) if sliding_window else (-1, -1)
         # one query token with the mask aligned to the last key sees every key: not causal, which
         # lets the dispatcher take SDPA's decode kernels (cuDNN rejects bottom-right causal masks)
