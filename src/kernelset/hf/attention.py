@@ -7,7 +7,10 @@ prefill and cached decode both come here. The mask function reads the pattern tr
   code): None without padding (a windowed pattern: a small tensor tagged with its window, so that
   models which build a windowed mask without passing ``sliding_window`` to the attention, such as
   Phi-3.5-MoE, keep their window), else the 2D padding mask tagged likewise;
-- anything else (packed sequences from ``position_ids``, chunked or bidirectional blocks, a mask
+- causal within packed sequences (``position_ids`` restarting in a row, padding-free training): a
+  small tensor tagged with the packed sequence ids; the attention runs ``flash_attention_varlen``
+  over the [B * S] rows (``cu_seqlens`` built once per forward, one host sync);
+- anything else (a window within packed sequences, chunked or bidirectional blocks, a mask
   function of the model's own): transformers' dense SDPA mask, which the attention hands to
   transformers' attention untouched.
 
