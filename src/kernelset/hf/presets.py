@@ -228,13 +228,19 @@ def tiny_from_defaults(model_type: str) -> Any:
     from transformers import CONFIG_MAPPING
     cfg = CONFIG_MAPPING[model_type]()
     fields = dict(_TINY_FIELDS)
-    if hasattr(cfg, "qk_rope_head_dim"):  # MLA: the rotary part is the head dim rope tables are built for
-        fields["head_dim"] = fields["qk_rope_head_dim"]
+    if hasattr(cfg, "qk_rope_head_dim"):  # MLA: the rotary part is the head dim rope tables are built for,
+        fields["head_dim"] = fields["qk_rope_head_dim"]  # and k has every query head
+        fields["num_key_value_heads"] = fields["num_attention_heads"]
     for k, v in fields.items():
         try:
             if hasattr(cfg, k) and not isinstance(getattr(cfg, k), (list, dict)):
                 setattr(cfg, k, v)
         except (AttributeError, ValueError, TypeError):  # read-only or per-layer fields stay as they are
+            pass
+    if hasattr(cfg, "qk_head_dim") and hasattr(cfg, "qk_nope_head_dim"):  # derived at init from the defaults
+        try:
+            cfg.qk_head_dim = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+        except (AttributeError, ValueError, TypeError):
             pass
     try:
         if isinstance(getattr(cfg, "layer_types", None), list):
