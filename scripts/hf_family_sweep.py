@@ -2,7 +2,7 @@
 
 kernelize matches modules by behaviour, so it may meet families nobody wrote a test for. For each
 model type in transformers' causal-LM mapping this builds a tiny random model from the config
-class's defaults (``presets.tiny_from_defaults``), runs it in fp32 unpatched and kernelized on the same ids, and
+class's defaults (``evaluate.tiny_default_model``), runs it in fp32 unpatched and kernelized on the same ids, and
 reports the logits' relative error and what was patched. A family is:
 
 - ``same``: logits within 1e-5 relative (the patched kernels computed what the modules did);
@@ -52,8 +52,7 @@ def sweep(types: list[str], verbose: bool, mode: str, device: str = "cpu",
           one_by_one: bool = False) -> dict[str, list[str]]:
     import kernelset as ks
     from kernelset.core.tolerance import rel_err
-    from kernelset.hf.presets import tiny_from_defaults
-    from transformers import AutoModelForCausalLM
+    from kernelset.hf.evaluate import eager_sdpa_gap, tiny_default_model
 
     tol = 1e-4 if mode == "training" else 1e-5
     out: dict[str, list[str]] = {}
@@ -61,25 +60,10 @@ def sweep(types: list[str], verbose: bool, mode: str, device: str = "cpu",
         try:
             with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
                 warnings.simplefilter("ignore")
-                torch.manual_seed(0)
-                cfg = tiny_from_defaults(mt)
-                with torch.device("meta"):  # count first: a size the shrinking missed would not fit
-                    n = sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters())
-                if n > 20_000_000:
-                    raise ValueError(f"{n / 1e6:.0f}M parameters after shrinking")
-                model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
-                ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(1))
-                _run(model, ids, mode)  # on the CPU first: a bad lookup raises instead of a device assert
-                model, ids = model.to(device), ids.to(device)
+                model, ids = tiny_default_model(mt, device)
                 ref = _run(model, ids, mode)
-                try:  # transformers' own eager and sdpa must agree first (5.17's Moshi: eager unmasked)
-                    model.set_attn_implementation("sdpa")
-                    other = _run(model, ids, "forward")[0]
-                    model.set_attn_implementation("eager")
-                    disagree = rel_err(other.float(), _run(model, ids, "forward")[0].float()) > 1e-5
-                except Exception:  # noqa: BLE001  (no SDPA for this family)
-                    model.set_attn_implementation("eager")
-                    disagree = False
+                # transformers' own eager and sdpa must agree first (5.17's Moshi: eager unmasked)
+                disagree = eager_sdpa_gap(model, ids) > 1e-5
         except Exception as e:  # noqa: BLE001  (the sweep's own limit, reported)
             out.setdefault("no-build", []).append(f"{mt}: {type(e).__name__}: {str(e)[:100]}")
             continue

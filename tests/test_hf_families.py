@@ -28,7 +28,8 @@ pytest.importorskip("transformers")
 import kernelset as ks  # noqa: E402
 from kernelset.core.tolerance import rel_err  # noqa: E402
 from kernelset.hf import attention as hf_attention  # noqa: E402
-from kernelset.hf.evaluate import build_model, cached_decode_logits, config_for  # noqa: E402
+from kernelset.hf.evaluate import (build_model, cached_decode_logits, config_for, eager_sdpa_gap,  # noqa: E402
+                                   tiny_default_model)
 from kernelset.hf.patching import _rotary_signature  # noqa: E402
 from kernelset.hf.presets import FAMILY_PRESETS, tiny_from_defaults  # noqa: E402
 from transformers import CONFIG_MAPPING, AutoModelForCausalLM  # noqa: E402
@@ -39,35 +40,20 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _tiny_default_model(model_type: str):
-    """The family's tiny model in fp32 eval, or a skip when the shrunk config does not build or run."""
+    """The family's tiny model in fp32 eval, or a skip when the shrunk config does not build or run,
+    or when transformers' own eager and SDPA attention disagree on it."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            torch.manual_seed(0)
-            cfg = tiny_from_defaults(model_type)
-            with torch.device("meta"):
-                n = sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters())
-            if n > 20_000_000:
-                raise ValueError(f"{n / 1e6:.0f}M parameters after shrinking")
-            model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
-            ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(1))
-            with torch.no_grad():
-                model(ids)  # on the CPU first: a bad lookup raises here instead of a device assert
+            model, ids = tiny_default_model(model_type, DEVICE)
     except Exception as e:  # noqa: BLE001  (a config the shrinking does not handle)
         pytest.skip(f"{model_type} does not build at toy size: {type(e).__name__}: {str(e)[:120]}")
-    model, ids = model.to(DEVICE), ids.to(DEVICE)
+    gap = eager_sdpa_gap(model, ids)
+    if gap > 1e-5:
+        pytest.skip(f"transformers' eager and sdpa attention disagree on {model_type} (rel err {gap:.1e}): "
+                    "no reference to hold kernelset to")
     with torch.no_grad():
         ref = model(ids).logits
-        try:  # transformers' own implementations must agree first (5.17's Moshi: eager without a mask is not causal)
-            model.set_attn_implementation("sdpa")
-            other = model(ids).logits
-        except Exception:  # noqa: BLE001  (no SDPA for this family: nothing to compare)
-            other = ref
-        finally:
-            model.set_attn_implementation("eager")
-    if rel_err(other.float(), ref.float()) > 1e-5:
-        pytest.skip(f"transformers' eager and sdpa attention disagree on {model_type} (rel err "
-                    f"{rel_err(other.float(), ref.float()):.1e}): no reference to hold kernelset to")
     return model, ids, ref
 
 

@@ -28,7 +28,9 @@ keeps its attention and the kernelize report says so.
 from __future__ import annotations
 
 import collections
+import functools
 import sys
+import types
 import weakref
 from typing import Any
 
@@ -61,21 +63,42 @@ def _closure(fn: Any, name: str) -> Any:
     return fn.__closure__[code.co_freevars.index(name)].cell_contents
 
 
+@functools.lru_cache(maxsize=1)
+def _codes() -> Any:
+    """transformers' mask functions and the code objects of the closures its factories build
+    (built once: ``mask`` runs at every forward)."""
+    from transformers import masking_utils as mu
+    pack = getattr(mu, "packed_sequence_mask_function", None)
+    remap = getattr(mu, "remap_positions_for_packed_sequence", None)
+    return types.SimpleNamespace(
+        causal=mu.causal_mask_function, and_=mu.and_masks(mu.causal_mask_function).__code__,
+        window=mu.sliding_window_overlay(1).__code__,
+        pack=None if pack is None else pack(torch.zeros(1, 1)).__code__,
+        remap=None if remap is None else remap(mu.causal_mask_function, None).__code__)
+
+
+def _and_parts(fn: Any, c: Any) -> list | None:
+    """The two mask functions an ``and_masks`` of two combines, else None."""
+    if getattr(fn, "__code__", None) is not c.and_:
+        return None
+    parts = list(_closure(fn, "mask_functions"))
+    return parts if len(parts) == 2 else None
+
+
 def window_of(fn: Any) -> Any:
     """None for transformers' causal mask function, the window W (keys q-W < k <= q) for its sliding-
     window causal one, ``UNKNOWN`` for any other (recognised by code object: the patterns are exact)."""
     try:
-        from transformers import masking_utils as mu
-        if fn is mu.causal_mask_function:
+        c = _codes()
+        if fn is c.causal:
             return None
-        if getattr(fn, "__code__", None) is mu.and_masks(mu.causal_mask_function).__code__:
-            parts = list(_closure(fn, "mask_functions"))
-            if len(parts) == 2 and mu.causal_mask_function in parts:
-                other = parts[1 - parts.index(mu.causal_mask_function)]
-                if getattr(other, "__code__", None) is mu.sliding_window_overlay(1).__code__:
-                    w = _closure(other, "sliding_window")
-                    if isinstance(w, int) and not isinstance(w, bool) and w > 0:
-                        return w
+        parts = _and_parts(fn, c)
+        if parts is not None and c.causal in parts:
+            other = parts[1 - parts.index(c.causal)]
+            if getattr(other, "__code__", None) is c.window:
+                w = _closure(other, "sliding_window")
+                if isinstance(w, int) and not isinstance(w, bool) and w > 0:
+                    return w
     except (AttributeError, ValueError, TypeError, IndexError):  # another transformers' internals
         pass
     return UNKNOWN
@@ -86,21 +109,17 @@ def packed_of(fn: Any) -> Any:
     (padding-free training: ``causal AND same sequence``, the causal part on positions remapped per
     sequence in newer versions, which is the same within a sequence: its positions step by one), else None."""
     try:
-        from transformers import masking_utils as mu
-        if getattr(fn, "__code__", None) is not mu.and_masks(mu.causal_mask_function).__code__:
-            return None
-        parts = list(_closure(fn, "mask_functions"))
-        pack = getattr(mu, "packed_sequence_mask_function", None)
-        if len(parts) != 2 or pack is None:
+        c = _codes()
+        parts = _and_parts(fn, c)
+        if parts is None or c.pack is None:
             return None
         base, last = parts
-        if getattr(last, "__code__", None) is not pack(torch.zeros(1, 1)).__code__:
+        if getattr(last, "__code__", None) is not c.pack:
             return None
-        remap = getattr(mu, "remap_positions_for_packed_sequence", None)
-        if base is not mu.causal_mask_function:
-            if remap is None or getattr(base, "__code__", None) is not remap(mu.causal_mask_function, None).__code__:
+        if base is not c.causal:
+            if c.remap is None or getattr(base, "__code__", None) is not c.remap:
                 return None
-            if _closure(base, "mask_function") is not mu.causal_mask_function:
+            if _closure(base, "mask_function") is not c.causal:
                 return None
         ids = _closure(last, "packed_sequence_mask")
         return ids if isinstance(ids, torch.Tensor) and ids.dim() == 2 else None
@@ -150,7 +169,7 @@ def _cu_seqlens(tag: torch.Tensor, packed: torch.Tensor) -> tuple[torch.Tensor, 
     return got
 
 
-def _dense_packed(tag: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+def _dense_packed(packed: torch.Tensor) -> torch.Tensor:
     """[B, 1, S, S] bool: causal within each packed sequence."""
     s = packed.shape[1]
     idx = torch.arange(s, device=packed.device)
@@ -216,7 +235,7 @@ def make_attention(ops: Any = None):
             sliding_window = attention_mask._ks_window
             packed = getattr(attention_mask, "_ks_packed", None)
             if packed is not None and (query.shape[2] != key.shape[2] or weights or (module.training and dropout > 0.0)):
-                attention_mask = _dense_packed(attention_mask, packed)  # the general path, on SDPA
+                attention_mask = _dense_packed(packed)  # the general path, on SDPA
                 packed = None
             elif packed is not None:
                 tag = attention_mask

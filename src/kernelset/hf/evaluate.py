@@ -19,7 +19,7 @@ from torch import nn
 
 from ..core.tolerance import rel_err
 from .patching import kernelize, require_transformers
-from .presets import PRESETS, preset, tiny
+from .presets import PRESETS, preset, tiny, tiny_from_defaults
 
 # What "the proof holds" means per activation dtype: fp32 must reproduce the model (reduction order
 # is the only difference); bf16/fp16 round differently inside fused kernels (fp32 math, one
@@ -148,6 +148,42 @@ def cached_decode_logits(model: nn.Module, ids: torch.Tensor, prefill: int) -> t
         logits.append(out.logits)
         cache = out.past_key_values
     return torch.cat(logits, 1)
+
+
+def tiny_default_model(model_type: str, device: str | torch.device = "cpu",
+                       max_params: int = 20_000_000) -> tuple[nn.Module, torch.Tensor]:
+    """(model, ids [2, 12]): a random fp32 eval model of ``model_type`` from ``tiny_from_defaults``
+    (eager attention) on ``device``. Raises where the shrunk config does not build or run: it is
+    counted on the meta device first, and run once on the CPU before the move (a bad lookup raises
+    there instead of a device assert)."""
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(0)
+    cfg = tiny_from_defaults(model_type)
+    with torch.device("meta"):
+        n = sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters())
+    if n > max_params:
+        raise ValueError(f"{n / 1e6:.0f}M parameters after shrinking")
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
+    ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        model(ids)
+    return model.to(device), ids.to(device)
+
+
+@torch.no_grad()
+def eager_sdpa_gap(model: nn.Module, ids: torch.Tensor) -> float:
+    """Relative error between the model's logits under transformers' eager and SDPA attention (0 where
+    SDPA does not run for it); the model is left on eager. Where they differ (transformers 5.17's
+    Moshi runs eager unmasked, i.e. not causal, without a mask) there is no one reference."""
+    ref = model(ids).logits
+    try:
+        model.set_attn_implementation("sdpa")
+        other = model(ids).logits
+    except Exception:  # noqa: BLE001  (no SDPA for this family)
+        other = ref
+    finally:
+        model.set_attn_implementation("eager")
+    return rel_err(other.float(), ref.float())
 
 
 @dataclasses.dataclass
