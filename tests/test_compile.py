@@ -244,3 +244,27 @@ def test_opcheck_backward_ops():
     for name, args in cases:
         result = opcheck(getattr(torch.ops.kernelset, name), args)
         assert set(result.values()) == {"SUCCESS"}, (name, args[-1], result)
+
+
+def test_import_does_not_load_dynamo():
+    """``import kernelset`` leaves ``torch._dynamo`` unimported (it cost 2.9 s of a 6.4 s import):
+    compile-only helpers load it when a model is compiled."""
+    import subprocess
+    import sys
+    code = "import sys, kernelset; print('torch._dynamo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
+def test_constant_result_marker_is_torchs():
+    """attention's _constant_result sets what torch.compiler.assume_constant_result sets, so dynamo still
+    folds the traced backend choice into a constant."""
+    from kernelset.ops.attention import api
+
+    def probe():
+        return ""
+    marked = torch.compiler.assume_constant_result(probe)
+    ours = api._constant_result(lambda: "")
+    torch_attrs = {k: v for k, v in vars(marked).items()}
+    assert torch_attrs and torch_attrs == {k: v for k, v in vars(ours).items()}
+    assert getattr(api._traced_train_backend, "_dynamo_marked_constant", False) is True

@@ -172,3 +172,17 @@ class CatalogEntry:
 def catalog() -> tuple[CatalogEntry, ...]:
     """Every declared op with its implementations in priority order."""
     return tuple(CatalogEntry(spec, tuple(_IMPLS[name])) for name, spec in sorted(_OPS.items()))
+
+
+def catalog_markdown() -> str:
+    """The README's catalog table (``ksctl list --markdown``), one row per declared op in family order;
+    every public op also takes ``backend=`` (AUTO or a backend name), left out of the signatures."""
+    order = ("norm", "activation", "softmax", "loss", "embedding", "optim", "rope", "attention", "kvcache", "mla")
+    rank = {f: i for i, f in enumerate(order)}
+    rows = ["| family | op | backends (priority order) | C ABI | formula |", "|---|---|---|---|---|"]
+    for e in sorted(catalog(), key=lambda e: (rank.get(e.spec.family, len(order)), e.spec.family, e.name)):
+        sig = e.spec.signature.replace(", *, backend='auto')", ")").replace(", backend='auto')", ")")
+        sig = sig.replace("(*, backend='auto')", "()")
+        cells = (e.spec.family, f"`{sig}`", ", ".join(e.backends), "yes" if e.spec.c_abi else "no", e.spec.doc)
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows) + "\n"

@@ -69,7 +69,7 @@ def _reference_out(x, w_gate, w_up, w_down, activation="silu"):
 
 declare_op(OpSpec(
     name=OP, family="activation",
-    signature="gated_mlp(x, w_gate, w_up, w_down, *, activation='silu', backend='auto')",
+    signature="gated_mlp(x, w_gate, w_up, w_down, *, activation='silu', norm_weight=None, norm_eps=1e-6, backend='auto')",
     doc="y = (act(x w_gate^T) * (x w_up^T)) w_down^T, one autograd node (cuBLAS products + the activation kernel)",
     reference=_reference_out, tolerance="gemm", key=_key, problem=_problem, cost=_cost,
     # Llama-3-8B's MLP at 4K tokens; no bar: the op exists for the host time of a training step

@@ -479,7 +479,7 @@ _FLASH_CASES = (BenchCase((8, 4096, 32, 32, 128, 1), "fwd"), BenchCase((1, 16384
 declare_op(OpSpec(
     name="flash_attention", family="attention",
     signature="flash_attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0, sinks=None, "
-              "return_lse=False, backend='auto')",
+              "return_lse=False, layout='bshd', backend='auto')",
     doc="out = softmax(scale q K^T (+ sink)) V; q [B, S, Hq, D], k/v [B, Sk, Hkv, D]; GQA, causal, window, softcap",
     reference=_flash_ref, tolerance="attention", key=_flash_key, problem=_flash_problem, cost=_flash_cost,
     bench=_FLASH_CASES, c_abi=True, differentiable=True,

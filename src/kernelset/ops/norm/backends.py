@@ -44,12 +44,12 @@ def _problem(op: str, x: torch.Tensor, named: dict[str, torch.Tensor | None], **
     return Problem(op, x.device, x.dtype, (rows, n), device_arch(x.device), attrs)
 
 
-def _rms_key(x, weight, torch_order=False):
+def _rms_key(x, weight=None, torch_order=False):
     return (x.device, x.dtype, x.shape[-1], _dt(weight), x.is_contiguous() or row_stride(x) is not None,
             torch_order)
 
 
-def _rms_problem(x, weight, torch_order=False):
+def _rms_problem(x, weight=None, torch_order=False):
     return _problem("rms_norm", x, {"weight": weight}, **({"torch_order": True} if torch_order else {}))
 
 

@@ -132,7 +132,8 @@ def _clip_cost(shape, dtype, mode):
 declare_op(OpSpec(
     name="adamw", family="optim",
     signature="AdamW(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *, "
-              "maximize=False, master_weights=False, state_dtype=torch.float32, backend='auto')",
+              "maximize=False, foreach=None, capturable=False, differentiable=False, fused=None, master_weights=False, "
+              "state_dtype=torch.float32, backend='auto')",
     doc="p = p (1 - lr wd) - lr m_hat / (sqrt(v_hat) + eps), multi-tensor, fp32 states (or the param dtype)",
     reference=ref.adamw, tolerance="elementwise", key=_adamw_key, problem=_adamw_problem, cost=_adamw_cost,
     # the bar: 1B parameters in 200 tensors of varied size (bench.py), bf16 params, fp32 states.

@@ -79,7 +79,8 @@ def _reference_out(x, w_q, w_k, w_v, cos, sin, head_dim=None):
 
 declare_op(OpSpec(
     name=OP, family="rope",
-    signature="qkv_rope(x, w_q, w_k, w_v, cos, sin, *, head_dim, b_q=None, b_k=None, b_v=None, backend='auto')",
+    signature="qkv_rope(x, w_q, w_k, w_v, cos, sin, *, head_dim, b_q=None, b_k=None, b_v=None, norm_weight=None, "
+              "norm_eps=1e-6, backend='auto')",
     doc="q, k, v = rope(x w_q^T), rope(x w_k^T), x w_v^T as [B, H, S, D], one autograd node (one product + rotation)",
     reference=_reference_out, tolerance="gemm", key=_key, problem=_problem, cost=_cost,
     # Llama-3-8B's attention input at 4K tokens; no bar: the op exists for a training step's host time
