@@ -2,7 +2,6 @@
 
     python scripts/attention_table.py                 # measure, rewrite src/kernelset/ops/attention/dispatch_table.py
     python scripts/attention_table.py --dry-run       # measure and print only
-    python scripts/attention_table.py --tune          # also sweep Triton forward/backward tiles (prints the best)
 
 Per (dtype, head dims, causal, mode, shape class) it times each implementation that supports the
 problem (a named backend: runs or is skipped with its reason), checks it against the fp32 reference
@@ -22,7 +21,6 @@ classes, are replaced. The device, date and versions go into ``measured_on``.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import pathlib
 import pprint
@@ -36,7 +34,6 @@ from kernelset.core import registry
 from kernelset.core.tolerance import rel_err, tolerance
 from kernelset.ops.attention import backends as BK
 from kernelset.ops.attention import dispatch_table
-from kernelset.ops.attention import launch as L
 from kernelset.ops.attention import reference as R
 
 TABLE_PATH = pathlib.Path(BK.__file__).with_name("dispatch_table.py")
@@ -146,37 +143,9 @@ def measure_decode(dtype, d, dv, causal, device, calls: int = 32, rounds: int = 
     return (b, sk0, hq, hkv, d, dv), times, notes
 
 
-def tune(device):
-    """Sweep the Triton tiles at B8 S4096 H32 D128 causal (forward here; backward through
-    flash_bwd_tune.py); print the best."""
-    q, k, v = (torch.randn(8, 4096, 32, 128, device=device, dtype=torch.bfloat16, requires_grad=True)
-               for _ in range(3))
-    base = L.flash_policy(128, 128, torch.cuda.get_device_capability(device))
-    flops = 4 * 8 * 32 * 4096 * 4097 // 2 * 128
-    results = []
-    for bm, bn, w, st in ((128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (128, 32, 4, 3), (64, 64, 4, 3),
-                          (128, 64, 4, 3), (64, 128, 4, 2), (128, 128, 8, 3)):
-        cfg = dataclasses.replace(base, block_m=bm, block_n=bn, num_warps=w, num_stages=st)
-        try:
-            with L.FLASH_TUNING.use(L.FlashTuning(cfg)):
-                ms = timing.cuda_time_ms(lambda: ks.flash_attention(q.detach(), k.detach(), v.detach(), causal=True,
-                                                                    backend="triton"), warmup=3, reps=10)
-            results.append((ms, f"fwd BM{bm} BN{bn} w{w} s{st}: {ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s"))
-        except Exception as exc:
-            print(f"fwd BM{bm} BN{bn} w{w} s{st}: {type(exc).__name__}: {str(exc)[:100]}")
-    for _, line in sorted(results):
-        print(line)
-    # the backward's sweep (dK/dV tiles, atomic or kernel dQ, checked against SDPA flash) lives in
-    # flash_bwd_tune.py (this script's folder is on sys.path when it runs)
-    from flash_bwd_tune import CONFIGS, SHAPES, run_shape
-    del q, k, v
-    run_shape(SHAPES[0], CONFIGS, device)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true", help="print, do not rewrite the table")
-    ap.add_argument("--tune", action="store_true", help="also sweep the Triton kernels' tiles")
     ap.add_argument("--dtypes", default="bfloat16,float16")
     ap.add_argument("--quick", action="store_true", help="head dims 64/128 and bf16 only")
     ap.add_argument("--modes", default="fwd,fwd+lse,train", help="modes to measure (rows of other modes are kept)")
@@ -214,8 +183,6 @@ def main() -> int:
                                              shape_class=cls, order=order,
                                              ms={n: round(times[n], 4) for n in order}, shape=list(shape)))
                         torch.cuda.empty_cache()
-    if args.tune:
-        tune(device)
     if args.dry_run:
         return 0
     props = torch.cuda.get_device_properties(device)
