@@ -75,14 +75,21 @@ def build_capi() -> str | None:
         if not shutil.which("gcc"):
             _CAPI_BUILD["error"] = "no gcc to build the C library"
             return _CAPI_BUILD["error"]
+        import fcntl
         path = capi.library_path()
-        if not os.path.exists(path) or os.path.getmtime(path) < _capi_newest_source():
-            root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-            proc = subprocess.run([os.path.join(root, "scripts", "build_capi.sh")], cwd=root,
-                                  env=dict(os.environ, PYTHON=sys.executable), capture_output=True, text=True,
-                                  timeout=900)
-            if proc.returncode:
-                _CAPI_BUILD["error"] = "scripts/build_capi.sh failed:\n" + proc.stdout[-3000:] + proc.stderr[-5000:]
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        # parallel test workers (pytest-xdist) build once: the first takes the lock and builds, the
+        # others wait for it and then find the library fresh
+        with open(path + ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not os.path.exists(path) or os.path.getmtime(path) < _capi_newest_source():
+                root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+                proc = subprocess.run([os.path.join(root, "scripts", "build_capi.sh")], cwd=root,
+                                      env=dict(os.environ, PYTHON=sys.executable), capture_output=True, text=True,
+                                      timeout=900)
+                if proc.returncode:
+                    _CAPI_BUILD["error"] = ("scripts/build_capi.sh failed:\n" + proc.stdout[-3000:]
+                                            + proc.stderr[-5000:])
         _CAPI_BUILD["path"] = path
     return _CAPI_BUILD.get("error")
 

@@ -4,13 +4,14 @@ the runners and the report are the real ones."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
 
 import kernelset  # noqa: F401  (declares the ops)
 from kernelset.bench import harness, report, timing
-from kernelset.bench.adapter import BenchAdapter
+from kernelset.bench.adapter import BenchAdapter, ShapeGrammar
 from kernelset.core import registry
 from kernelset.core.registry import BenchCase, Cost
 from kernelset.core.tolerance import rel_err, tolerance
@@ -173,3 +174,52 @@ def test_adamw_bench_checks_every_tensor():
     outs[3 * 1 + 1].add_(1.0)  # tensor 1's exp_avg: not in the old sample of (0, 2, 4, 5)
     ok, _, note = harness._check(outs, refs, inp["names"], "elementwise", torch.bfloat16, "step")
     assert not ok and "m1" in note
+
+
+# ---- shape grammars: what a shape means to each op (ksctl explain --shape) ------------------------
+
+
+def test_every_op_declares_the_shape_grammar_its_benchmark_cases_follow():
+    # ksctl explain read a shape of any length through the adapter's own fallbacks: flash_attention
+    # explained a built-in [2x77x77x4x2x64] for --shape 4096x128, embedding 64x256 as 64x97x256
+    for entry in kernelset.catalog():
+        grammar = harness.adapter_for(entry.spec).shape
+        for case in entry.spec.bench:
+            full = grammar.parse(case.shape)
+            assert len(full) == len(grammar.full.split("x")), (entry.name, case.shape)
+
+
+FLASH_LIKE = ShapeGrammar("BxSxHqxHkvxDxCAUSAL", "the legend", short=("BxSxHqxD", "BxSxHqxHkvxD"),
+                          defaults={"Hkv": "Hq", "CAUSAL": 1}, choices={"CAUSAL": (0, 1)})
+
+
+@pytest.mark.parametrize("shape,full", [
+    ((2, 16, 8, 64), (2, 16, 8, 8, 64, 1)),  # Hkv copies Hq, CAUSAL its default
+    ((2, 16, 8, 2, 64), (2, 16, 8, 2, 64, 1)),
+    ((2, 16, 8, 2, 64, 0), (2, 16, 8, 2, 64, 0)),  # the full form, read as given
+], ids=["short", "gqa", "full"])
+def test_shape_grammar_reads_each_form(shape, full):
+    assert FLASH_LIKE.parse(shape) == full
+
+
+@pytest.mark.parametrize("shape,message", [
+    ((4096, 128), "2 dims, where the op takes BxSxHqxD, BxSxHqxHkvxD or BxSxHqxHkvxDxCAUSAL: the legend; "
+                  "left out: Hkv=Hq, CAUSAL=1"),
+    ((2, 16, 8, 2, 64, 2), "CAUSAL must be one of 0, 1, got 2; the op takes BxSxHqxD"),
+], ids=["other-length", "not-a-choice"])
+def test_shape_grammar_refuses_with_every_form(shape, message):
+    with pytest.raises(ValueError) as exc:
+        FLASH_LIKE.parse(shape)
+    assert message in str(exc.value)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"short": ("BxA",)}, "is not its names in order"),
+    ({"short": ("AxB",)}, "leaves out ['C'] without a default"),
+    ({"short": ("AxB",), "defaults": {"C": "D"}}, "default C='D' names no dim"),
+    ({"short": ("AxB", "BxC"), "defaults": {"A": 1, "C": 1}}, "has the length of another form"),
+], ids=["out-of-order", "no-default", "default-names-nothing", "two-forms-one-length"])
+def test_shape_grammar_declaration_errors(kwargs, message):
+    # a grammar that could read a shape two ways, or not at all, is refused where it is declared
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ShapeGrammar("AxBxC", "legend", **kwargs)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -163,11 +164,33 @@ def test_disable_triton(op, launch_spy):
     with ks.config.override(disable={"triton"}):
         assert dispatch.select(op, ks.AUTO, args, {}).backend is Backend.REFERENCE
         _call(op, args)
-        with pytest.raises(ks.UnsupportedError, match="disabled by KS_DISABLE"):
+        # the reason names where the disable came from: an override was reported as KS_DISABLE's
+        with pytest.raises(ks.UnsupportedError, match=re.escape("disabled by config.override(disable=...)")):
             _call(op, args, backend="triton")
-        assert ks.explain(op, *args, verbose=False).candidates[0].reason == "disabled by KS_DISABLE"
+        assert ks.explain(op, *args, verbose=False).candidates[0].reason == "disabled by config.override(disable=...)"
     assert not launch_spy
     assert dispatch.select(op, ks.AUTO, args, {}).backend is Backend.TRITON, "override must end with the block"
+
+
+def test_disable_from_the_environment_is_named_as_such(monkeypatch):
+    x = torch.randn(4, 64)
+    monkeypatch.setenv("KS_DISABLE", "triton")
+    try:
+        ks.config.reload()
+        with pytest.raises(ks.UnsupportedError, match=re.escape("disabled (KS_DISABLE)")):
+            ks.rms_norm(x, backend="triton")
+        assert ks.explain("rms_norm", x, None, verbose=False).candidates[0].reason == "disabled (KS_DISABLE)"
+        with ks.config.override(log_dispatch=False):  # an override of another flag keeps the source
+            assert ks.explain("rms_norm", x, None, verbose=False).candidates[0].reason == "disabled (KS_DISABLE)"
+        with ks.config.override(disable={"triton"}):
+            assert ks.explain("rms_norm", x, None, verbose=False).candidates[0].reason == \
+                "disabled by config.override(disable=...)"
+        from kernelset import cli
+        assert ("triton" in dict(cli._backend_status())
+                and dict(cli._backend_status())["triton"].endswith("; disabled (KS_DISABLE)"))
+    finally:
+        monkeypatch.delenv("KS_DISABLE")
+        ks.config.reload()
 
 
 def test_force_backend_per_op():

@@ -1,13 +1,16 @@
 """ksctl: the command line of kernelset (also ``python -m kernelset``).
 
     ksctl list                      the catalog, from the registry
-    ksctl explain OP --shape 4096x8192 --dtype bf16
+    ksctl explain OP --shape 4096x8192 --dtype bf16   what the user's own call runs here (the op's shape
+                                                      grammar: ksctl explain --help)
     ksctl env                       device, versions, flags, which backends can run and why not
-    ksctl verify                    every implementation against its fp32 reference (small shapes)
+    ksctl verify                    every implementation against its fp32 reference (small shapes; on a
+                                    CPU in Triton's interpreter, which ksctl switches on and says so)
     ksctl bench [OP ...]            benchmarks on a GPU: table, JSON, PNG
     ksctl run                       the main job: bench on a GPU; verify + dispatch plan on CPU
+    ksctl plan [--json]             the dispatch decision per op on this machine
     ksctl plan --model llama-3.1-8b --gpu h100 [--dtype fp8] [--json]   what a model needs, per GPU
-    ksctl eval --model qwen3-0.6b --tiny --dtype fp32                   HF model unpatched vs kernelized
+    ksctl eval --model qwen3-0.6b --tiny --dtype fp32 [--mode training] HF model unpatched vs kernelized
 """
 from __future__ import annotations
 
@@ -57,23 +60,51 @@ def _known_ops(names) -> None:
         registry.op(name)  # ValueError naming the declared ops
 
 
-def _use_interpreter_if_no_gpu() -> None:
-    """On a CPU-only machine, run Triton kernels in the interpreter. Triton decides at decoration
-    time (importing kernelset), so the process starts again with TRITON_INTERPRET=1 when it was
-    not set; in-process callers (tests) set it before importing kernelset."""
+def _table(rows: list[tuple[str, ...]], right: tuple[int, ...] = ()) -> list[str]:
+    """Rows as lines, each column as wide as its widest cell (``right``: right-aligned columns);
+    the last column is not padded."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))] if rows else []
+    return [" ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+            for r in rows]
+
+
+def _use_interpreter_if_no_gpu() -> str | None:
+    """ksctl verify / run / eval on a CPU-only machine run the Triton kernels in Triton's
+    interpreter (checking them is their job there). Triton decides at decoration time (importing
+    kernelset), so the process starts again with TRITON_INTERPRET=1 when it was not set; in-process
+    callers (tests) set it before importing kernelset. Returns the line saying so (None on a GPU):
+    a user's own code on the CPU runs no Triton kernel unless it sets TRITON_INTERPRET=1 too."""
     if torch.cuda.is_available():
-        return
+        return None
+    restarted = os.environ.pop("KS_CLI_REEXEC", None) == "1"
     if os.environ.get("TRITON_INTERPRET") != "1":
-        if __name__ == "kernelset.cli" and sys.argv and not os.environ.get("KS_CLI_REEXEC"):
+        if __name__ == "kernelset.cli" and sys.argv and not restarted:
             env = dict(os.environ, TRITON_INTERPRET="1", KS_CLI_REEXEC="1")
             sys.stdout.flush()
             os.execve(sys.executable, [sys.executable, "-m", "kernelset", *sys.argv[1:]], env)
         os.environ["TRITON_INTERPRET"] = "1"
         import kernelset as ks
         ks.config.reload()
+        restarted = True
     # the interpreter's fp32->bf16 cast truncates; the GPU rounds to nearest even
     from kernelset.testing.interpreter import patch_bf16_rounding
     patch_bf16_rounding()
+    if restarted:
+        return ("no GPU: ksctl set TRITON_INTERPRET=1 for this run, so the Triton kernels run in Triton's "
+                "interpreter (slow, for checking); your own code on a CPU runs them only with it set too")
+    return "no GPU: the Triton kernels run in Triton's interpreter (TRITON_INTERPRET=1; slow, for checking)"
+
+
+def _triton_note(device: torch.device) -> str | None:
+    """What ``explain`` / ``plan`` add where Triton cannot run the device's tensors as the user's own
+    call would: they answer for that call (no interpreter switched on behind the user's back)."""
+    from kernelset.core import config
+    if device.type != "cpu":
+        return None
+    if config.get().triton_interpret:
+        return "Triton runs CPU tensors in its interpreter here (TRITON_INTERPRET=1): for checking, not speed"
+    where = "no GPU" if not torch.cuda.is_available() else "CPU tensors"
+    return f"Triton not run: {where}; set TRITON_INTERPRET=1 to run Triton kernels in its interpreter"
 
 
 def cmd_list(args) -> int:
@@ -81,41 +112,63 @@ def cmd_list(args) -> int:
     rows = sorted((e.spec.family, e.name, ", ".join(e.backends), "yes" if e.spec.c_abi else "no", e.spec.doc)
                   for e in ks.catalog())
     if args.json:
-        print(json.dumps([{"family": f, "op": n, "backends": b.split(", "), "c_abi": c == "yes", "doc": d}
-                          for f, n, b, c, d in rows], indent=1))
+        print(json.dumps([{"family": f, "op": n, "backends": b.split(", "), "c_abi": c == "yes", "doc": d,
+                           "shape": _adapter(n).shape.full} for f, n, b, c, d in rows], indent=1))
         return 0
-    print(f"{'family':<11} {'op':<20} {'backends (priority order)':<26} {'C ABI':<6} formula")
-    for f, n, b, c, d in rows:
-        print(f"{f:<11} {n:<20} {b:<26} {c:<6} {d}")
+    for line in _table([("family", "op", "backends (priority order)", "C ABI", "formula"), *rows]):
+        print(line)
     return 0
 
 
-def _example_inputs(op: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device):
-    import kernelset as ks
+def _adapter(op: str):
     from kernelset.core import registry
     spec = registry.op(op)
-    adapter = importlib.import_module(f"kernelset.ops.{spec.family}.bench").ADAPTERS[op]
+    return importlib.import_module(f"kernelset.ops.{spec.family}.bench").ADAPTERS[op]
+
+
+def _shape_help() -> str:
+    """Every op's --shape grammar (explain's --help: computed when shown, it imports every family)."""
+    import kernelset as ks
+    rows = [(e.name, _adapter(e.name).shape) for e in ks.catalog()]
+    width = max(len(n) for n, _ in rows)
+    return "--shape per op (a shape of another length is refused):\n" + "\n".join(
+        f"  {n:<{width}}  {g.describe()}" for n, g in rows)
+
+
+def _example_inputs(op: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device):
+    """(kernelset, the op's positional and keyword arguments) for ``shape`` read by the op's shape grammar."""
+    import kernelset as ks
+    adapter = _adapter(op)
+    text = "x".join(map(str, shape))
     try:
-        inputs = adapter.inputs(shape, dtype, device, "fwd")
-    except (ValueError, TypeError, IndexError) as exc:  # a shape the op's example builder cannot read
-        example = "x".join(map(str, spec.bench[0].shape)) if spec.bench else "4096x8192"
-        raise ValueError(f"{op}: cannot build example inputs from --shape {'x'.join(map(str, shape))} "
-                         f"({exc}); its benchmark cases use shapes like {example}") from None
+        full = adapter.shape.parse(shape)
+    except ValueError as exc:
+        raise ValueError(f"{op}: --shape {text}: {exc}") from None
+    try:
+        inputs = adapter.inputs(full, dtype, device, "fwd")
+    except (ValueError, TypeError, IndexError) as exc:  # values the op's example builder cannot use
+        raise ValueError(f"{op}: cannot build example inputs from --shape {text} ({exc}); it takes "
+                         f"{adapter.shape.describe()}") from None
     except (RuntimeError, MemoryError, AssertionError) as exc:  # too large, or a device this torch cannot use
         # (torch without CUDA raises AssertionError "Torch not compiled with CUDA enabled")
         why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ValueError(f"{op}: cannot allocate example inputs of shape {'x'.join(map(str, shape))} on {device}: "
                          f"{why}") from None
-    return ks, adapter.args(inputs)
+    return ks, adapter.args(inputs), adapter.kwargs(inputs)
 
 
 def cmd_explain(args) -> int:
-    _use_interpreter_if_no_gpu()
+    """What the user's own call of the op would run on this machine, as it is set up (no
+    interpreter switched on here: ``ksctl env`` and the user's code see the same)."""
     device = args.device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    ks, tensors = _example_inputs(args.op, args.shape, args.dtype, device)
-    exp = ks.explain(args.op, *tensors, backend=args.backend, backward=args.backward, verbose=not args.json)
+    ks, tensors, kwargs = _example_inputs(args.op, args.shape, args.dtype, device)
+    exp = ks.explain(args.op, *tensors, backend=args.backend, backward=args.backward, verbose=not args.json,
+                     **kwargs)
+    note = _triton_note(device)
     if args.json:
-        print(json.dumps(exp.to_dict(), indent=1))
+        print(json.dumps({**exp.to_dict(), "note": note}, indent=1))
+    elif note:
+        print(f"note: {note}")
     return 0 if exp.chosen else 1
 
 
@@ -145,8 +198,9 @@ def _backend_status() -> list[tuple[str, str]]:
                 status += "; no GPU: runs in the interpreter (TRITON_INTERPRET=1), for testing only"
             else:
                 status += "; no GPU and TRITON_INTERPRET unset: AUTO skips it"
-        if b in config.get().disable:
-            status += "; disabled by KS_DISABLE"
+        disabled = config.get().disabled_reason(b)
+        if disabled:
+            status += f"; {disabled}"
         rows.append((b.value, status))
     return rows
 
@@ -162,8 +216,8 @@ def cmd_env(args) -> int:
     else:
         print("no CUDA device")
     print("\nbackends:")
-    for name, status in _backend_status():
-        print(f"  {name:<11} {status}")
+    for line in _table(_backend_status()):
+        print(f"  {line}")
     print("\nflags:")
     for name, value, doc in ks.config.describe():
         print(f"  {name}={value}\n      {doc}")
@@ -175,26 +229,29 @@ VERIFY_SHAPES = ((3, 1000), (2, 4097), (1, 64))
 
 def cmd_verify(args) -> int:
     """Run every implementation of every op on small random inputs against the fp32 reference."""
-    _use_interpreter_if_no_gpu()  # (first: it may restart the process, before kernelset is imported)
+    interpreter = _use_interpreter_if_no_gpu()  # (first: it may restart the process, before kernelset is imported)
     _known_ops(args.ops)
     import kernelset as ks
     from kernelset.bench.harness import _check
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     failures, count = 0, 0
-    print(f"verifying on {device} ({'GPU' if device.type == 'cuda' else 'CPU, Triton interpreter'})")
-    print(f"{'op':<20} {'backend':<10} {'shape':<9} {'dtype':<9} {'mode':<8} {'worst rel err':>13}  result")
-    for entry in ks.catalog():
-        if args.ops and entry.name not in args.ops:
-            continue
-        adapter = importlib.import_module(f"kernelset.ops.{entry.spec.family}.bench").ADAPTERS[entry.name]
+    print(f"verifying on {device}" + (f"; {interpreter}" if interpreter else ""))
+    entries = [e for e in ks.catalog() if not args.ops or e.name in args.ops]
+    widths = (max([len("op"), *(len(e.name) for e in entries)]),
+              max([len("backend"), *(len(str(i.backend)) for e in entries for i in e.impls)]),
+              max([len("shape"), *(len("x".join(map(str, s))) for s in VERIFY_SHAPES)]),
+              len("bfloat16"), len("fwd+bwd"))
+    cells = lambda *c: " ".join(f"{x:<{w}}" for x, w in zip(c, widths))  # noqa: E731
+    print(f"{cells('op', 'backend', 'shape', 'dtype', 'mode')} {'worst rel err':>13}  result")
+    for entry in entries:
+        adapter = _adapter(entry.name)
         for impl in entry.impls:
             for shape in VERIFY_SHAPES:
                 for dtype in (torch.bfloat16, torch.float32):
                     for mode in ("fwd", "fwd+bwd") if entry.spec.differentiable else ("fwd",):
                         inp = adapter.inputs(shape, dtype, device, mode)
                         refs = adapter.reference(inp, mode)
-                        row = (f"{entry.name:<20} {str(impl.backend):<10} {'x'.join(map(str, shape)):<9} "
-                               f"{str(dtype)[6:]:<9} {mode:<8}")
+                        row = cells(entry.name, str(impl.backend), "x".join(map(str, shape)), str(dtype)[6:], mode)
                         try:
                             outs = adapter.ours(inp, mode, str(impl.backend))()
                             # the harness's check: as many outputs as references (zip() would pass a
@@ -226,19 +283,28 @@ def cmd_plan(args) -> int:
             return 2
         print(json.dumps(p.to_dict(), indent=1) if args.json else p.table())
         return 0
-    _use_interpreter_if_no_gpu()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     import kernelset as ks
-    where = "" if device.type == "cuda" else " (no GPU: Triton runs in its interpreter, for checking only)"
-    print(f"dispatch plan on {device}{where}:")
+    rows, exps = [], []
     for entry in ks.catalog():
-        shape = entry.spec.bench[0].shape if entry.spec.bench else (4, 64)
-        small = (min(shape[0], 8), shape[-1])
-        _, tensors = _example_inputs(entry.name, small, torch.bfloat16, device)
-        exp = ks.explain(entry.name, *tensors, verbose=False)
+        # a small example of each op (ksctl verify's: a 2-D shape the op's example builder fills
+        # out), as the user's own call on this machine would be decided
+        shape, adapter = entry.spec.bench[0].shape if entry.spec.bench else (4, 64), _adapter(entry.name)
+        inputs = adapter.inputs((min(shape[0], 8), shape[-1]), torch.bfloat16, device, "fwd")
+        exp = ks.explain(entry.name, *adapter.args(inputs), verbose=False, **adapter.kwargs(inputs))
+        exps.append(exp)
         rejected = "; ".join(f"{c.backend}: {c.reason}" for c in exp.candidates if c.status == "rejected")
-        print(f"  {entry.name:<20} hidden {shape[-1]:<7} bf16 -> {exp.chosen}" + (f"  (rejected {rejected})"
-                                                                                  if rejected else ""))
+        rows.append((entry.name, "[" + "x".join(map(str, exp.problem.shape)) + "]", "bf16", "->",
+                     str(exp.chosen), f"(rejected {rejected})" if rejected else ""))
+    note = _triton_note(device)
+    if args.json:
+        print(json.dumps({"device": str(device), "note": note, "ops": [e.to_dict() for e in exps]}, indent=1))
+        return 0
+    print(f"dispatch plan on {device}:")
+    for line in _table(rows):
+        print(f"  {line}")
+    if note:
+        print(f"note: {note}")
     return 0
 
 
@@ -255,15 +321,20 @@ def _plan_list(args) -> int:
         print(json.dumps({"presets": rows, "gpus": [g.to_dict() for g in GPUS]}, indent=1))
         return 0
     print(f"{len(rows)} presets (public config.json values):")
-    for r in rows:
-        moe = f", {r['experts']} experts" if r["experts"] else ""
-        print(f"  {r['preset']:<20} {r['model_type']:<12} {r['layers']:>3} layers, hidden {r['hidden']:<6} "
-              f"{r['heads']}/{r['kv_heads']} heads{moe}{', MLA' if r['mla'] else ''}")
+    for line in _table([(r["preset"], r["model_type"], str(r["layers"]), "layers, hidden", str(r["hidden"]),
+                         f"{r['heads']}/{r['kv_heads']} heads", f"{r['experts']} experts" if r["experts"] else "",
+                         "MLA" if r["mla"] else "") for r in rows], right=(2, 4)):
+        print(f"  {line}")
     print("\nGPUs (--gpu):")
-    for g in GPUS:
-        print(f"  {g.key:<13} {g.name:<30} {g.sm:<7} {g.memory_gib:>4g} GiB {g.bandwidth_gbs:>5g} GB/s  "
-              f"{', '.join(g.features.flags())}")
+    for line in _table([(g.key, g.name, g.sm, f"{g.memory_gib:g} GiB", f"{g.bandwidth_gbs:g} GB/s",
+                         ", ".join(g.features.flags())) for g in GPUS], right=(3, 4)):
+        print(f"  {line}")
     return 0
+
+
+# Past this many parameters ksctl eval on a CPU (kernels in Triton's interpreter) refuses without
+# --allow-full-on-cpu: qwen3-0.6b (596M) took 12 minutes there, printing nothing.
+CPU_MAX_PARAMS = 50_000_000
 
 
 def cmd_eval(args) -> int:
@@ -271,14 +342,30 @@ def cmd_eval(args) -> int:
     try:
         import transformers  # noqa: F401
     except ImportError:
-        print("ksctl eval needs transformers (pip install 'transformers>=4.50'); ksctl plan --model does not",
+        print("ksctl eval needs transformers (pip install 'transformers>=4.54'); ksctl plan --model does not",
               file=sys.stderr)
         return 2
-    _use_interpreter_if_no_gpu()
-    from kernelset.hf.evaluate import evaluate, load_model
+    interpreter = _use_interpreter_if_no_gpu()
+    from kernelset.hf.evaluate import evaluate, load_model, parameter_estimate
+    t0 = time.perf_counter()
+
+    def progress(phase: str) -> None:  # each phase as it starts, on stderr (a CPU run takes minutes)
+        print(f"[{time.perf_counter() - t0:6.1f}s] {phase}", file=sys.stderr, flush=True)
+
     device = args.device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 on both sides of the comparison
+    elif interpreter:
+        progress(interpreter)
+    n = parameter_estimate(args.model, tiny_model=args.tiny, layers=args.layers)
+    size = "size unknown" if not n else f"~{n / 1e6:.1f}M parameters" if n < 10**7 else \
+        f"~{n / 1e6:,.0f}M parameters, ~{n * args.dtype.itemsize / 1e9:.1f} GB in {str(args.dtype)[6:]}"
+    if device.type == "cpu" and n and n > CPU_MAX_PARAMS and not args.allow_full_on_cpu:
+        print(f"ksctl eval: {args.model} has {size}: on a CPU, with the kernels in Triton's interpreter, each "
+              "phase takes minutes to hours. Use --tiny for the preset at toy size (its structure kept), or "
+              "--allow-full-on-cpu to run it anyway", file=sys.stderr)
+        return 2
+    progress(f"building {args.model}{' (tiny)' if args.tiny else ''} on {device} ({size})")
     model, tok, what = load_model(args.model, dtype=args.dtype, device=device, tiny_model=args.tiny,
                                   layers=args.layers, init_std=args.init_std, seed=args.seed)
     if args.prompt is not None:
@@ -290,8 +377,9 @@ def cmd_eval(args) -> int:
     else:
         g = torch.Generator().manual_seed(args.seed)
         ids = torch.randint(0, model.config.vocab_size, (args.batch, args.prompt_tokens), generator=g).to(device)
-    print(f"model {what}; {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters", file=sys.stderr)
-    res = evaluate(model, ids, new_tokens=args.tokens, mode=args.mode)
+    progress(f"model {what}; {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
+    res = evaluate(model, ids, new_tokens=args.tokens, mode=args.mode, progress=progress)
+    progress("done")
     print(json.dumps(res.to_dict(), indent=1) if args.json else res.text())
     return 0 if res.passed else 1
 
@@ -354,19 +442,56 @@ def cmd_run(args) -> int:
         return cmd_bench(args)
     rc = cmd_verify(args)
     print()
-    cmd_plan(args)
+    cmd_plan(argparse.Namespace(model=None, list=False, json=False))  # (run's --json names a results file)
     return rc
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose epilog may be computed when the help is shown (explain's shape
+    grammars import every op family: too slow for every start of ksctl)."""
+
+    def __init__(self, *args, epilog_fn=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.epilog_fn = epilog_fn
+
+    def format_help(self) -> str:
+        if self.epilog_fn is not None:
+            self.epilog = self.epilog_fn()
+        return super().format_help()
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="ksctl", description="kernelset: fast LLM kernels with an explaining dispatcher")
+    """ksctl's entry point. Output piped into a reader that stops early (``ksctl list | head``)
+    ends quietly with 141 (128 + SIGPIPE, as a shell reports a command killed by it), not a
+    BrokenPipeError traceback."""
+    try:
+        try:
+            return _main(argv)
+        finally:
+            sys.stdout.flush()  # inside the try: buffered output meets the closed pipe here
+    except BrokenPipeError:
+        try:  # Python flushes stdout again at exit: point it at /dev/null so that finds nothing to say
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):  # a stdout without a descriptor (captured in-process)
+            pass
+        return 141
+
+
+def _main(argv: list[str] | None) -> int:
+    p = _Parser(prog="ksctl", description="kernelset: fast LLM kernels with an explaining dispatcher")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("list", help="the op catalog")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_list)
-    s = sub.add_parser("explain", help="which implementation runs a problem, and why")
+    s = sub.add_parser("explain", help="which implementation runs a problem, and why",
+                       description="Which implementation the op's own call would run here, as this machine is\n"
+                                   "set up, and why each other one does not.",
+                       epilog_fn=_shape_help, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("op")
-    s.add_argument("--shape", type=_shape, required=True, help="ROWSxHIDDEN, e.g. 4096x8192")
+    s.add_argument("--shape", type=_shape, required=True,
+                   help="the op's dims in its own grammar (listed below): ROWSxHIDDEN for rms_norm, e.g. "
+                        "4096x8192; BxSxHqxHkvxD for flash_attention, e.g. 2x4096x32x8x128")
     s.add_argument("--dtype", type=_dtype, default=torch.bfloat16)
     s.add_argument("--device", type=_device, default=None)
     s.add_argument("--backend", default="auto")
@@ -398,8 +523,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--tiny", action="store_true", help="a preset at toy size (structure kept): runs on CPU")
     s.add_argument("--layers", type=int, default=None, help="override the preset's layer count")
     s.add_argument("--init-std", type=float, default=None, help="initializer_range of the random init")
-    s.add_argument("--mode", default="inference", choices=("inference", "training"))
+    s.add_argument("--mode", default="inference", choices=("inference", "training"),
+                   help="training: one training step (loss and every gradient) instead of the greedy decode")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--allow-full-on-cpu", action="store_true",
+                   help=f"run a model of more than {CPU_MAX_PARAMS // 10**6}M parameters on a CPU (minutes to hours)")
     s.add_argument("--device", type=_device, default=None)
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_eval)

@@ -96,6 +96,15 @@ class Config:
     poison_outputs: bool
     direct_launch: bool
     triton_interpret: bool
+    # where ``disable`` came from (not a flag): the dispatcher's reason names it, so a backend
+    # disabled by an override is not blamed on an environment variable nobody set
+    disable_source: str = "KS_DISABLE"
+
+    def disabled_reason(self, backend: Any) -> str | None:
+        """Why AUTO must not pick ``backend`` and a request for it raises; None if it is not disabled."""
+        if backend not in self.disable:
+            return None
+        return "disabled (KS_DISABLE)" if self.disable_source == "KS_DISABLE" else f"disabled by {self.disable_source}"
 
 
 def _from_env(environ: os._Environ | dict[str, str] = os.environ) -> Config:
@@ -180,7 +189,10 @@ def _coerce(field: str, value: Any) -> Any:
 def override(**fields: Any) -> Iterator[Config]:
     """Override flags for a block: ``with override(backend={"rms_norm": "reference"}): ...``."""
     previous = _current
-    _set(dataclasses.replace(previous, **{k: _coerce(k, v) for k, v in fields.items()}))
+    values = {k: _coerce(k, v) for k, v in fields.items()}
+    if "disable" in values:
+        values["disable_source"] = "config.override(disable=...)"
+    _set(dataclasses.replace(previous, **values))
     try:
         yield _current
     finally:

@@ -103,8 +103,9 @@ def _resolve(spec: OpSpec, requested: Backend | KsEnum | None, problem: Problem,
         if impl is None:
             have = ", ".join(str(i.backend) for i in candidates)
             raise UnsupportedError(spec.name, str(requested), f"no such implementation (have: {have})")
-        if requested in cfg.disable:
-            raise UnsupportedError(spec.name, str(requested), "disabled by KS_DISABLE")
+        disabled = cfg.disabled_reason(requested)
+        if disabled:
+            raise UnsupportedError(spec.name, str(requested), disabled)
         reason = rejection(impl, problem, backward=backward)
         if reason:
             raise UnsupportedError(spec.name, str(requested), reason)
@@ -114,7 +115,7 @@ def _resolve(spec: OpSpec, requested: Backend | KsEnum | None, problem: Problem,
         return impl
     reasons = []
     for impl in candidates:
-        reason = "disabled by KS_DISABLE" if impl.backend in cfg.disable else rejection(impl, problem, backward=backward)
+        reason = cfg.disabled_reason(impl.backend) or rejection(impl, problem, backward=backward)
         if reason is None:
             if cfg.log_dispatch:
                 skipped = "; ".join(f"{b}: {r}" for b, r in reasons) or "none"
@@ -208,7 +209,7 @@ def explain(name: str, *args: Any, backend: str | Backend = AUTO, backward: bool
     cfg = config.get()
     cands = []
     for impl in impls(name):
-        reason = "disabled by KS_DISABLE" if impl.backend in cfg.disable else rejection(impl, problem, backward=backward)
+        reason = cfg.disabled_reason(impl.backend) or rejection(impl, problem, backward=backward)
         if impl.backend == chosen:
             status = "chosen"
             reason = impl.detail(problem) if impl.detail is not None else None

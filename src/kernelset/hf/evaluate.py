@@ -3,8 +3,10 @@
 Reports the logits' relative error over the prompt, top-1 agreement over all prompt positions,
 whether the greedy continuation (HF cache, one token at a time) is identical token for token, how
 many times each kernelset op ran and on which backend, whether ``restore()`` gives the original
-logits back bit for bit, and prefill / decode time both ways. Used by ``ksctl eval`` and
-scripts/hf_check.py.
+logits back bit for bit, and prefill / decode time both ways. In training mode the greedy
+continuation gives way to one training step (loss and backward, labels = the input) on both
+models: the loss and every parameter's gradient are compared, and the op counts are the step's.
+Used by ``ksctl eval`` and scripts/hf_check.py.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import dataclasses
 import os
 import statistics
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -24,11 +26,21 @@ from .presets import PRESETS, preset, tiny, tiny_from_defaults
 # What "the proof holds" means per activation dtype: fp32 must reproduce the model (reduction order
 # is the only difference); bf16/fp16 round differently inside fused kernels (fp32 math, one
 # rounding), so the continuation may legitimately diverge after a near tie, and top-1 is the bar.
+# A training step: the loss and each parameter's gradient (relative, norm-wise); fp32 as the
+# training tests hold a patched model to (tests/test_hf.py); bf16/fp16 as their GPU bf16 test allows
+# gradients that went through different roundings (seen on an H200, random init, 2 x 512 tokens:
+# worst gradient 3.4e-2 for qwen3-0.6b, a k_norm weight, 1.7e-2 for llama-3.2-1b; loss ~1e-6).
 CRITERIA: dict[torch.dtype, dict[str, float | bool]] = {
-    torch.float32: {"max_rel_err": 1e-4, "min_top1": 0.999, "greedy_identical": True},
-    torch.bfloat16: {"max_rel_err": 3e-2, "min_top1": 0.99, "greedy_identical": False},
-    torch.float16: {"max_rel_err": 1e-2, "min_top1": 0.99, "greedy_identical": False},
+    torch.float32: {"max_rel_err": 1e-4, "min_top1": 0.999, "greedy_identical": True, "max_loss_rel_err": 1e-5,
+                    "max_grad_rel_err": 1e-4},
+    torch.bfloat16: {"max_rel_err": 3e-2, "min_top1": 0.99, "greedy_identical": False, "max_loss_rel_err": 1e-2,
+                     "max_grad_rel_err": 5e-2},
+    torch.float16: {"max_rel_err": 1e-2, "min_top1": 0.99, "greedy_identical": False, "max_loss_rel_err": 1e-2,
+                    "max_grad_rel_err": 5e-2},
 }
+# the kernelize rules that route the loss through kernelset: when one is patched, a training step
+# must have run linear_cross_entropy or cross_entropy
+LOSS_RULES, LOSS_OPS = ("linear_cross_entropy", "causal_lm_loss"), ("linear_cross_entropy", "cross_entropy")
 
 
 def config_for(spec: str, *, tiny_model: bool = False, layers: int | None = None,
@@ -68,6 +80,23 @@ def _dtype_kwarg(dtype: torch.dtype) -> dict[str, torch.dtype]:
     that ``torch_dtype``."""
     from .patching import transformers_version
     return {"dtype" if (transformers_version() or (5,)) >= (4, 56) else "torch_dtype": dtype}
+
+
+def parameter_estimate(spec: str, *, tiny_model: bool = False, layers: int | None = None) -> int | None:
+    """Roughly how many parameters ``load_model`` would build, before anything is allocated: a
+    preset's from its config's shapes (hf/planning), a model directory's or a .gguf file's from the
+    size of its weight files at 2 bytes a parameter; None where it cannot tell."""
+    if spec.strip().lower() in PRESETS:
+        from .planning import facts, parameter_count
+        try:
+            return parameter_count(facts(config_for(spec, tiny_model=tiny_model, layers=layers)))
+        except (KeyError, TypeError, ValueError):
+            return None
+    files = [spec] if spec.endswith(".gguf") and os.path.isfile(spec) else \
+        [os.path.join(spec, f) for f in os.listdir(spec) if f.endswith((".safetensors", ".bin", ".pt", ".pth"))] \
+        if os.path.isdir(spec) else []
+    size = sum(os.path.getsize(f) for f in files)
+    return size // 2 if size else None
 
 
 def load_model(spec: str, *, dtype: torch.dtype, device: str | torch.device, tiny_model: bool = False,
@@ -116,20 +145,39 @@ def _timed(fn, device: torch.device, repeats: int) -> tuple[Any, float]:
     return out, statistics.median(times) if times else float("nan")
 
 
+def _measure(fn, device: torch.device, repeats: int) -> tuple[Any, float]:
+    """(result, seconds): on a GPU ``_timed``'s median; on the CPU one call, timed (the interpreter's
+    times say nothing about speed, and a full model's call takes minutes there)."""
+    if device.type == "cuda":
+        return _timed(fn, device, repeats)
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def _cache_field() -> str:
+    """The name of the cache in a model's outputs and arguments: ``cache`` in newer transformers,
+    where ``past_key_values`` is a deprecated alias (5.24 warns it goes in 5.40), before that
+    ``past_key_values`` (the oldest supported, 4.54)."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+    return "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
+
+
 @torch.no_grad()
 def greedy(model: nn.Module, input_ids: torch.Tensor, new_tokens: int) -> tuple[torch.Tensor, float, float]:
     """Greedy continuation with transformers' cache: (tokens [B, n], prefill s, mean decode step s)."""
     device = input_ids.device
+    field = _cache_field()
     _sync(device)
     t0 = time.perf_counter()
     out = model(input_ids, use_cache=True)
     nxt = out.logits[:, -1].argmax(-1, keepdim=True)
     _sync(device)
     t1 = time.perf_counter()
-    cache, toks = out.past_key_values, [nxt]
+    cache, toks = out[field], [nxt]
     for _ in range(new_tokens - 1):
-        out = model(nxt, past_key_values=cache, use_cache=True)
-        cache = out.past_key_values
+        out = model(nxt, use_cache=True, **{field: cache})
+        cache = out[field]
         nxt = out.logits[:, -1].argmax(-1, keepdim=True)
         toks.append(nxt)
     _sync(device)
@@ -141,12 +189,13 @@ def greedy(model: nn.Module, input_ids: torch.Tensor, new_tokens: int) -> tuple[
 def cached_decode_logits(model: nn.Module, ids: torch.Tensor, prefill: int) -> torch.Tensor:
     """Logits of ``ids`` [B, S] through transformers' cache: the first ``prefill`` tokens in one call,
     then one token a call (teacher-forced: the next input is ids', not the argmax); [B, S, V]."""
+    field = _cache_field()
     out = model(ids[:, :prefill], use_cache=True)
-    logits, cache = [out.logits], out.past_key_values
+    logits, cache = [out.logits], out[field]
     for t in range(prefill, ids.shape[1]):
-        out = model(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+        out = model(ids[:, t:t + 1], use_cache=True, **{field: cache})
         logits.append(out.logits)
-        cache = out.past_key_values
+        cache = out[field]
     return torch.cat(logits, 1)
 
 
@@ -194,16 +243,21 @@ class EvalResult:
     new_tokens: int
     logits_rel_err: float
     top1_agreement: float
-    greedy_identical: bool
+    greedy_identical: bool | None  # None: not run (training mode)
     first_divergence: int | None  # index of the first differing generated token
     restored_exact: bool
-    counts: dict[str, int]
+    counts: dict[str, int]  # kernelset op calls (and merged_projections' GEMMs); training: the step's
     backends: dict[str, list[str]]
     prefill_ms: dict[str, float]  # unpatched / patched
-    decode_ms: dict[str, float]
+    decode_ms: dict[str, float]  # (empty in training mode)
     report: str
     criteria: dict[str, Any]
     failures: list[str]
+    mode: str = "inference"
+    loss_rel_err: float | None = None  # training mode: the loss of one step, patched vs unpatched
+    grad_rel_err: float | None = None  # training mode: the worst parameter's gradient
+    worst_grad: str | None = None  # ... and its name
+    step_ms: dict[str, float] = dataclasses.field(default_factory=dict)  # training step, unpatched / patched
 
     @property
     def passed(self) -> bool:
@@ -214,67 +268,177 @@ class EvalResult:
         d["passed"] = self.passed
         return d
 
+    def _calls(self) -> list[str]:
+        from ..core.registry import _OPS
+        ops = [f"{k} {v}" + (f" [{'/'.join(self.backends[k])}]" if self.backends.get(k) else "")
+               for k, v in sorted(self.counts.items()) if k in _OPS]
+        # (an op without a backend ran inside a fused layer node, which dispatches it itself)
+        other = [f"{k} {v}" for k, v in sorted(self.counts.items()) if k not in _OPS]
+        step = " (one training step)" if self.mode == "training" else ""
+        lines = ["kernelset op calls        " + (", ".join(ops) or "none") + step]
+        if other:  # merged_projections: one torch GEMM for a group of projections, no kernelset op
+            lines.append(f"torch calls (patched)     {', '.join(other)}")
+        return lines
+
     def text(self) -> str:
         speed = lambda d: f"{d['unpatched']:.2f} ms -> {d['patched']:.2f} ms ({d['unpatched'] / d['patched']:.2f}x)"
+        c = self.criteria
         lines = [
             self.report, "",
-            f"device {self.device}, {self.dtype}; prompt {self.prompt_tokens} tokens, {self.new_tokens} generated",
-            f"logits rel err (prompt)   {self.logits_rel_err:.3e}   (bar <= {self.criteria['max_rel_err']:g})",
-            f"top-1 agreement           {self.top1_agreement:.4%}   (bar >= {self.criteria['min_top1']:.1%})",
-            f"greedy continuation       {'identical' if self.greedy_identical else f'differs from token {self.first_divergence}'}"
-            + ("" if self.criteria["greedy_identical"] else "   (reported; not a bar in this dtype)"),
-            f"restore() exact           {self.restored_exact}",
-            "kernelset op calls        " + ", ".join(f"{k} {v} [{'/'.join(self.backends.get(k, ['?']))}]"
-                                                     for k, v in sorted(self.counts.items())),
-            f"prefill                   {speed(self.prefill_ms)}",
-            f"decode step               {speed(self.decode_ms)}",
+            f"device {self.device}, {self.dtype}, {self.mode}; prompt {self.prompt_tokens} tokens"
+            + (f", {self.new_tokens} generated" if self.mode != "training" else ""),
+            f"logits rel err (prompt)   {self.logits_rel_err:.3e}   (bar <= {c['max_rel_err']:g})",
+            f"top-1 agreement           {self.top1_agreement:.4%}   (bar >= {c['min_top1']:.1%})",
         ]
+        if self.mode == "training":
+            lines += [f"training step loss        rel err {self.loss_rel_err:.3e}   (bar <= {c['max_loss_rel_err']:g})",
+                      f"training step gradients   worst rel err {self.grad_rel_err:.3e} ({self.worst_grad})   "
+                      f"(bar <= {c['max_grad_rel_err']:g})"]
+        else:
+            lines.append(f"greedy continuation       "
+                         f"{'identical' if self.greedy_identical else f'differs from token {self.first_divergence}'}"
+                         + ("" if c["greedy_identical"] else "   (reported; not a bar in this dtype)"))
+        lines += [f"restore() exact           {self.restored_exact}", *self._calls(),
+                  f"forward (prompt)          {speed(self.prefill_ms)}"]
+        lines.append(f"training step             {speed(self.step_ms)}" if self.mode == "training" else
+                     f"decode step               {speed(self.decode_ms)}")
         if self.device == "cpu":
             lines.append("(CPU: Triton runs in its interpreter; the times say nothing about GPU speed)")
         lines.append("PASS" if self.passed else "FAIL: " + "; ".join(self.failures))
         return "\n".join(lines)
 
 
+def _train_step(model: nn.Module, ids: torch.Tensor, seed: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(loss, {parameter name: gradient}) of one forward and backward with labels = ``ids``; the
+    gradients are taken out of ``.grad`` (left None). Dropout, where a model has any, draws the same
+    masks on both sides (a seeded RNG of its own)."""
+    params = dict(model.named_parameters())
+    for p in params.values():
+        p.grad = None
+    with torch.random.fork_rng(devices=[ids.device] if ids.device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+    grads = {n: p.grad for n, p in params.items() if p.grad is not None}
+    for p in params.values():
+        p.grad = None
+    return loss.detach(), grads
+
+
+def _compare_steps(step0, step1) -> tuple[float, float, str | None, list[str]]:
+    """(loss rel err, worst gradient rel err, its parameter, failures) of two training steps."""
+    (l0, g0), (l1, g1) = step0, step1
+    failures = []
+    if set(g0) != set(g1):
+        names = sorted(set(g0) ^ set(g1))
+        failures.append(f"gradients of {', '.join(names[:3])}{' ...' if len(names) > 3 else ''} exist on one side only")
+    worst, name = 0.0, None
+    for n in sorted(set(g0) & set(g1)):
+        e = rel_err(g1[n].float(), g0[n].float())
+        if name is None or not e <= worst:  # (a NaN is the worst)
+            worst, name = e, n
+    return rel_err(l1.float(), l0.float()), worst, name, failures
+
+
 def evaluate(model: nn.Module, input_ids: torch.Tensor, *, new_tokens: int = 64, mode: str = "inference",
-             repeats: int = 3) -> EvalResult:
-    """Unpatched vs kernelized on ``input_ids`` [B, S]: the proof and the speed (``model`` is restored)."""
+             repeats: int = 3, progress: Callable[[str], None] | None = None) -> EvalResult:
+    """Unpatched vs kernelized on ``input_ids`` [B, S]: the proof and the speed (``model`` is restored).
+    Training mode: one training step each (``model`` left with the gradients it had, in its mode).
+    ``progress(phase)`` is called as each phase starts (a full model on a CPU takes minutes)."""
+    say = progress or (lambda phase: None)
     device = input_ids.device
     dtype = next(model.parameters()).dtype
     crit = dict(CRITERIA.get(dtype, CRITERIA[torch.bfloat16]))
-    reps = repeats if device.type == "cuda" else 1
-    with torch.no_grad():
-        base, t_pre0 = _timed(lambda: model(input_ids).logits, device, reps)
-        gen0, _, dec0 = greedy(model, input_ids, new_tokens)
+    training = str(mode) == "training"
+    was_training = model.training
+    saved_grads = [p.grad for p in model.parameters()]
+    seed = 0
+    step_ms: dict[str, float] = {}
+    dec0 = dec1 = float("nan")
+    try:
+        model.eval()
+        with torch.no_grad():
+            say("unpatched forward")
+            base, t_pre0 = _measure(lambda: model(input_ids).logits, device, repeats)
+            if not training:
+                say(f"unpatched greedy decode ({new_tokens} tokens)")
+                gen0, _, dec0 = greedy(model, input_ids, new_tokens)
+        if training:
+            say("unpatched training step")
+            model.train()
+            step0, t_step0 = _measure(lambda: _train_step(model, input_ids, seed), device, 0)
+            if device.type == "cuda":
+                _, t_step0 = _timed(lambda: _train_step(model, input_ids, seed), device, repeats)
+        say(f"kernelize (mode={mode})")
         handle = kernelize(model, mode=mode)
         try:
-            if device.type == "cuda":
-                greedy(model, input_ids, 2)  # warm-up: compile the kernels outside the timing
-            handle.reset_counts()
-            ours, t_pre1 = _timed(lambda: model(input_ids).logits, device, reps)
-            gen1, _, dec1 = greedy(model, input_ids, new_tokens)
-            counts, backends, report = handle.counts, handle.backends, handle.report()
+            if training:
+                say("patched training step")
+                handle.reset_counts()
+                step1, t_step1 = _measure(lambda: _train_step(model, input_ids, seed), device, 0)
+                counts, backends = handle.counts, handle.backends  # (one step's)
+                if device.type == "cuda":
+                    _, t_step1 = _timed(lambda: _train_step(model, input_ids, seed), device, repeats)
+                step_ms = {"unpatched": t_step0 * 1e3, "patched": t_step1 * 1e3}
+                model.eval()
+            elif device.type == "cuda":
+                with torch.no_grad():
+                    greedy(model, input_ids, 2)  # warm-up: compile the kernels outside the timing
+            with torch.no_grad():
+                if not training:
+                    handle.reset_counts()
+                say("patched forward")
+                ours, t_pre1 = _measure(lambda: model(input_ids).logits, device, repeats)
+                if not training:
+                    say(f"patched greedy decode ({new_tokens} tokens)")
+                    gen1, _, dec1 = greedy(model, input_ids, new_tokens)
+                    counts, backends = handle.counts, handle.backends
+            report = handle.report()
+            patched_rules = {p.rule for p in handle.patched}
         finally:
             handle.restore()
-        again = model(input_ids).logits
+        say("restore() check")
+        with torch.no_grad():
+            again = model(input_ids).logits
+    finally:
+        model.train(was_training)
+        for p, g in zip(model.parameters(), saved_grads):
+            p.grad = g
     agree = (ours.argmax(-1) == base.argmax(-1)).float().mean().item()
-    diff = (gen0 != gen1).any(0).nonzero()
+    if training:
+        greedy_same, first = None, None
+    else:
+        diff = (gen0 != gen1).any(0).nonzero()
+        greedy_same, first = bool(torch.equal(gen0, gen1)), (int(diff[0]) if len(diff) else None)
     res = EvalResult(
         device=device.type, dtype=str(dtype).replace("torch.", ""), prompt_tokens=input_ids.shape[1],
-        new_tokens=new_tokens, logits_rel_err=rel_err(ours.float(), base.float()), top1_agreement=agree,
-        greedy_identical=bool(torch.equal(gen0, gen1)), first_divergence=int(diff[0]) if len(diff) else None,
+        new_tokens=0 if training else new_tokens, logits_rel_err=rel_err(ours.float(), base.float()),
+        top1_agreement=agree, greedy_identical=greedy_same, first_divergence=first,
         restored_exact=bool(torch.equal(again, base)), counts=counts, backends=backends,
         prefill_ms={"unpatched": t_pre0 * 1e3, "patched": t_pre1 * 1e3},
-        decode_ms={"unpatched": dec0 * 1e3, "patched": dec1 * 1e3}, report=report, criteria=crit, failures=[])
+        decode_ms={} if training else {"unpatched": dec0 * 1e3, "patched": dec1 * 1e3}, report=report,
+        criteria=crit, failures=[], mode=str(mode), step_ms=step_ms)
     if not res.logits_rel_err <= crit["max_rel_err"]:
         res.failures.append(f"logits rel err {res.logits_rel_err:.3g} > {crit['max_rel_err']:g}")
     if res.top1_agreement < crit["min_top1"]:
         res.failures.append(f"top-1 agreement {res.top1_agreement:.4f} < {crit['min_top1']}")
-    if crit["greedy_identical"] and not res.greedy_identical:
+    if crit["greedy_identical"] and res.greedy_identical is False:
         res.failures.append(f"greedy continuation differs from token {res.first_divergence}")
+    if training:
+        res.loss_rel_err, res.grad_rel_err, res.worst_grad, missing = _compare_steps(step0, step1)
+        res.failures += missing
+        if not res.loss_rel_err <= crit["max_loss_rel_err"]:
+            res.failures.append(f"training loss rel err {res.loss_rel_err:.3g} > {crit['max_loss_rel_err']:g}")
+        if not res.grad_rel_err <= crit["max_grad_rel_err"]:
+            res.failures.append(f"gradient of {res.worst_grad} rel err {res.grad_rel_err:.3g} > "
+                                f"{crit['max_grad_rel_err']:g}")
+        if patched_rules & set(LOSS_RULES) and not any(counts.get(op) for op in LOSS_OPS):
+            res.failures.append("the loss did not run through kernelset in the training step "
+                                f"({', '.join(sorted(patched_rules & set(LOSS_RULES)))} patched)")
     if not res.restored_exact:
         res.failures.append("restore() did not give the original logits back")
     if not counts:
-        res.failures.append("no kernelset op ran")
+        res.failures.append("no kernelset op ran" + (" in the training step" if training else ""))
     only_ref = sorted(k for k, b in backends.items() if device.type == "cuda" and b == ["reference"])
     if only_ref:
         res.failures.append(f"only the fp32 reference ran for {', '.join(only_ref)} (no kernel)")

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ...bench.adapter import BenchAdapter, compiled, runner
+from ...bench.adapter import BenchAdapter, ShapeGrammar, compiled, runner
 from . import api, mlp
 from . import reference as R
 
@@ -85,6 +85,9 @@ def _adapter(public, eager, ref_fn, *, pair=False, halves=False, liger=None):
         peers=peers,
         reference=lambda inp, mode: _reference(ref_fn, inp, mode),
         args=lambda inp: tuple(inp["wrt"]) if pair else (inp["x"],),
+        shape=ShapeGrammar("ROWSxN", "ROWS rows of N elements, in x and in up" if pair else
+                           "ROWS rows of N elements: N/2 gate and N/2 up columns (an odd N is rounded up)" if halves
+                           else "ROWS rows of N elements"),
     )
 
 
@@ -126,6 +129,7 @@ _MLP = BenchAdapter(
                              "torch.compile": runner(lambda: compiled(_eager_mlp)(*inp["wrt"]), inp, mode)},
     reference=_mlp_reference,
     args=lambda inp: tuple(inp["wrt"]),
+    shape=ShapeGrammar("MxHxI", "M tokens, hidden size H, intermediate size I"),
 )
 
 ADAPTERS = {

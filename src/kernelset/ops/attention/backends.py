@@ -343,8 +343,9 @@ def _own_reason(backend, p: Problem) -> str | None:
     if impl is None:
         return "not registered for this op"
     from ...core import config
-    if impl.backend in config.get().disable:
-        return "disabled by KS_DISABLE"
+    disabled = config.get().disabled_reason(impl.backend)
+    if disabled:
+        return disabled
     return impl.availability() or impl.arch.check(p.arch) or _OWN[str(backend)](p)
 
 

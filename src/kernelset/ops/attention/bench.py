@@ -18,14 +18,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...bench.adapter import BenchAdapter, compiled, runner
+from ...bench.adapter import BenchAdapter, ShapeGrammar, compiled, runner
 from ..kvcache.reference import FP8, dequantize, quantize
 from . import api
 from . import reference as R
 
 
 def _inputs(shape, dtype, device, mode):
-    if len(shape) == 2:  # (batch, anything) from ksctl verify/explain: a small GQA decode
+    if len(shape) == 2:  # (batch, anything) from ksctl verify / plan: a small GQA decode
         shape = (min(shape[0], 4), 77, 4, 2, 64, 16, 16)
     b, ctx, hq, hkv, d, bs, bits = shape
     per_seq = -(-ctx // bs)
@@ -128,7 +128,7 @@ def _margs(inp):
 
 
 def _flash_inputs(shape, dtype, device, mode):
-    if len(shape) == 2:  # (batch, anything) from ksctl verify/explain: a small causal GQA prefill
+    if len(shape) == 2:  # (batch, anything) from ksctl verify / plan: a small causal GQA prefill
         shape = (min(shape[0], 2), 77, 4, 2, 64, 1)
     b, s, hq, hkv, d, causal = shape
     grad = mode != "fwd"
@@ -235,10 +235,23 @@ def _varlen_reference(inp, mode):
     return (out,)
 
 
+_HEADS = "Hq query heads, Hkv KV heads (Hq a multiple of Hkv), D head dim"
+_PAGED = ShapeGrammar("BxCTXxHqxHkvxDxBLOCKxBITS", f"B decoding sequences of CTX cached tokens, {_HEADS}, BLOCK tokens "
+                      "per cache block, BITS 16 (the dtype's cache) or 8 (fp8 e4m3)",
+                      short=("BxCTXxHqxD", "BxCTXxHqxHkvxD"), defaults={"Hkv": "Hq", "BLOCK": 16, "BITS": 16},
+                      choices={"BITS": (8, 16)})
+_FLASH = ShapeGrammar("BxSxHqxHkvxDxCAUSAL", f"B sequences of S tokens (Sq = Sk), {_HEADS}, CAUSAL 1 or 0",
+                      short=("BxSxHqxD", "BxSxHqxHkvxD"), defaults={"Hkv": "Hq", "CAUSAL": 1},
+                      choices={"CAUSAL": (0, 1)})
+_VARLEN = ShapeGrammar("BxSxHqxHkvxDxCAUSAL", f"B packed sequences of lengths in [S/4, S] (seeded), {_HEADS}, "
+                       "CAUSAL 1 or 0", short=("BxSxHqxD", "BxSxHqxHkvxD"), defaults={"Hkv": "Hq", "CAUSAL": 1},
+                       choices={"CAUSAL": (0, 1)})
+
 ADAPTERS = {
     "paged_attention": BenchAdapter(
         inputs=_inputs, ours=_ours, peers=_peers, reference=_reference,
         args=lambda inp: (inp["q"], inp["k_cache"], inp["v_cache"], inp["table"], inp["seq_lens"]),
+        shape=_PAGED,
     ),
     "merge_attn_states": BenchAdapter(
         inputs=_merge_inputs,
@@ -247,10 +260,13 @@ ADAPTERS = {
                                  "torch.compile": lambda: compiled(_merge_eager)(*_margs(inp))},
         reference=lambda inp, mode: R.merge_attn_states(*_margs(inp)),
         args=_margs,
+        shape=ShapeGrammar("TxHxD", "T tokens, H heads, D head dim: two partial attention outputs and their LSEs"),
     ),
     "flash_attention": BenchAdapter(
         inputs=_flash_inputs, ours=_flash_ours, peers=_flash_peers, reference=_flash_reference,
         args=lambda inp: (inp["q"], inp["k"], inp["v"]),
+        kwargs=lambda inp: {"causal": inp["causal"]},
+        shape=_FLASH,
     ),
     "flash_attention_varlen": BenchAdapter(
         inputs=_varlen_inputs,
@@ -259,5 +275,7 @@ ADAPTERS = {
             check_bounds=False, backend=backend),),
         peers=_varlen_peers, reference=_varlen_reference,
         args=lambda inp: (inp["q"], inp["k"], inp["v"], inp["cu"], inp["cu"]),
+        kwargs=lambda inp: {"causal": inp["causal"], "max_seqlen_q": inp["max"], "max_seqlen_k": inp["max"]},
+        shape=_VARLEN,
     ),
 }

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...bench.adapter import BenchAdapter, compiled, runner
+from ...bench.adapter import BenchAdapter, ShapeGrammar, compiled, runner
 from . import api
 
 
@@ -13,7 +13,7 @@ def _eager(ids, w):
 
 
 def _inputs(shape, dtype, device, mode):
-    if len(shape) == 2:  # (tokens, dim) from ksctl verify/explain: a small vocabulary
+    if len(shape) == 2:  # (tokens, dim) from ksctl verify / plan: a small vocabulary
         shape = (shape[0], 97, shape[1])
     t, v, d = shape
     grad = mode != "fwd"
@@ -39,4 +39,5 @@ ADAPTERS = {"embedding": BenchAdapter(
                              "torch.compile": runner(lambda: compiled(_eager)(inp["ids"], inp["w"]), inp, mode)},
     reference=_reference,
     args=lambda inp: (inp["ids"], inp["w"]),
+    shape=ShapeGrammar("TxVxD", "T token ids, a table of V rows (the vocabulary) of D elements"),
 )}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ...bench.adapter import BenchAdapter, compiled
+from ...bench.adapter import BenchAdapter, ShapeGrammar, compiled
 from . import api
 from . import reference as R
 
@@ -19,7 +19,7 @@ _BS = 16
 
 
 def _cache_inputs(shape, dtype, device, mode):
-    if len(shape) == 2:  # (tokens, anything) from ksctl verify/explain: a small GQA layer
+    if len(shape) == 2:  # (tokens, anything) from ksctl verify / plan: a small GQA layer
         shape = (min(shape[0], 64), 2, 64)
     t, h, d = shape[:3]
     fp8 = len(shape) > 3 and shape[3] == 8
@@ -67,7 +67,7 @@ def _ours_cache(inp, mode, backend):
 
 
 def _copy_inputs(shape, dtype, device, mode):
-    if len(shape) == 2:  # (pairs, anything) from ksctl verify/explain: two small layers
+    if len(shape) == 2:  # (pairs, anything) from ksctl verify / plan: two small layers
         shape = (2, min(shape[0], 16), 4, 2, 64)
     layers, pairs, bs, h, d = shape
     nb = 2 * pairs + 1
@@ -136,6 +136,9 @@ ADAPTERS = {
                                  "torch.compile": _own_cache(compiled(_native_cache), inp)},
         reference=_cache_reference,
         args=lambda inp: (inp["key"], inp["value"], inp["k_cache"], inp["v_cache"], inp["slots"]),
+        shape=ShapeGrammar("TxHxDxBITS", f"T tokens, H KV heads, D head dim, into blocks of {_BS} tokens; BITS 16 "
+                           "(the dtype's cache) or 8 (fp8 e4m3)", short=("TxHxD",), defaults={"BITS": 16},
+                           choices={"BITS": (8, 16)}),
     ),
     "copy_blocks": BenchAdapter(
         inputs=_copy_inputs,
@@ -144,6 +147,8 @@ ADAPTERS = {
         peers=lambda inp, mode: {"torch-eager": _own_copy(_native_copy, inp)},
         reference=_copy_reference,
         args=lambda inp: (inp["k_caches"], inp["v_caches"], inp["mapping"]),
+        shape=ShapeGrammar("LAYERSxPAIRSxBLOCKxHxD", "LAYERS k and v caches, PAIRS (src, dst) block pairs, blocks "
+                           "of BLOCK tokens x H heads x D"),
     ),
     "swap_blocks": BenchAdapter(
         inputs=_swap_inputs,
@@ -151,5 +156,7 @@ ADAPTERS = {
         peers=lambda inp, mode: {},
         reference=_swap_reference,
         args=lambda inp: (inp["src"], inp["dst"], inp["mapping"]),
+        shape=ShapeGrammar("PAIRSxBLOCKxHxD", "PAIRS (src, dst) block pairs, device to host, blocks of BLOCK tokens "
+                           "x H heads x D"),
     ),
 }

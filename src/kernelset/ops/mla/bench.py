@@ -12,14 +12,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...bench.adapter import BenchAdapter
+from ...bench.adapter import BenchAdapter, ShapeGrammar
 from ..kvcache.reference import FP8, dequantize, quantize
 from . import api
 from . import reference as R
 
 
 def _inputs(shape, dtype, device, mode):
-    if len(shape) == 2:  # (batch, anything) from ksctl verify/explain: a small decode
+    if len(shape) == 2:  # (batch, anything) from ksctl verify / plan: a small decode
         shape = (min(shape[0], 4), 77, 16, 64, 16, 16, 16)
     b, ctx, h, r, p, bs, bits = shape
     per_seq = -(-ctx // bs)
@@ -93,5 +93,9 @@ ADAPTERS = {
     "mla_decode": BenchAdapter(
         inputs=_inputs, ours=_ours, peers=_peers, reference=_reference,
         args=lambda inp: (inp["q_nope"], inp["q_pe"], inp["cache"], inp["table"], inp["seq_lens"]),
+        shape=ShapeGrammar("BxCTXxHxRxPxBLOCKxBITS", "B decoding sequences of CTX cached tokens, H query heads, R "
+                           "kv_lora_rank, P rope dim, BLOCK tokens per cache block, BITS 16 (the dtype's cache) "
+                           "or 8 (fp8 e4m3)", short=("BxCTXxHxRxP",), defaults={"BLOCK": 64, "BITS": 16},
+                           choices={"BITS": (8, 16)}),
     ),
 }

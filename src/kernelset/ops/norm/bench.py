@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ...bench.adapter import BenchAdapter, compiled, runner
+from ...bench.adapter import ROWS_HIDDEN, BenchAdapter, compiled, runner
 from .api import fused_add_rms_norm, layer_norm, rms_norm
 from .reference import fused_add_rms_norm_ref, layer_norm_ref, rms_norm_ref
 
@@ -93,6 +93,7 @@ RMS = BenchAdapter(
     peers=_rms_peers,
     reference=lambda inp, mode: _reference(lambda x, r, w, b: rms_norm_ref(x, w, EPS, 0.0, False)[0], inp, mode),
     args=lambda inp: (inp["x"], inp["w"]),
+    shape=ROWS_HIDDEN,
 )
 
 # ---- fused_add_rms_norm -----------------------------------------------------------------------
@@ -114,6 +115,7 @@ ADD = BenchAdapter(
     reference=lambda inp, mode: _reference(
         lambda x, r, w, b: fused_add_rms_norm_ref(x, r, w, EPS, 0.0, False)[:2], inp, mode),
     args=lambda inp: (inp["x"], inp["r"], inp["w"]),
+    shape=ROWS_HIDDEN,
 )
 
 # ---- layer_norm -------------------------------------------------------------------------------
@@ -138,6 +140,7 @@ LN = BenchAdapter(
     peers=_ln_peers,
     reference=lambda inp, mode: _reference(lambda x, r, w, b: layer_norm_ref(x, w, b, 1e-5)[0], inp, mode),
     args=lambda inp: (inp["x"], inp["w"], inp["b"]),
+    shape=ROWS_HIDDEN,
 )
 
 ADAPTERS = {"rms_norm": RMS, "fused_add_rms_norm": ADD, "layer_norm": LN}

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ...bench.adapter import BenchAdapter
+from ...bench.adapter import BenchAdapter, ShapeGrammar
 from . import api
 from . import reference as R
 
@@ -135,9 +135,11 @@ def _clip_reference(inp, mode):
     return (total,) + tuple(grads[i].float() * coef.float() for i in inp["sample"])
 
 
+_TENSORS = ShapeGrammar("NxPER", "N tensors of PER elements on average (sizes varied around it)")
+
 ADAPTERS = {
     "adamw": BenchAdapter(inputs=_adamw_inputs, ours=_adamw_ours, peers=_adamw_peers, reference=_adamw_reference,
-                          args=lambda inp: (inp["params"], inp["grads"])),
+                          args=lambda inp: (inp["params"], inp["grads"]), shape=_TENSORS),
     "clip_grad_norm": BenchAdapter(
         inputs=_clip_inputs,
         ours=lambda inp, mode, backend: _clip_runner(
@@ -145,5 +147,5 @@ ADAPTERS = {
         peers=lambda inp, mode: {"torch-foreach": _clip_runner(
             inp, lambda ps: torch.nn.utils.clip_grad_norm_(ps, MAX_NORM, foreach=True))},
         reference=_clip_reference,
-        args=lambda inp: (inp["grads"],)),
+        args=lambda inp: (inp["grads"],), shape=_TENSORS),
 }

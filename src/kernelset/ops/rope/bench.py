@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ...bench.adapter import BenchAdapter, compiled, runner
+from ...bench.adapter import BenchAdapter, ShapeGrammar, compiled, runner
 from . import api
 from . import qkv as api_qkv
 from . import reference as ref
@@ -30,7 +30,7 @@ def _positions(t: int, rows: int, device) -> torch.Tensor:
 
 
 def _inputs(shape, dtype, device, mode):
-    if len(shape) == 2:  # (tokens, anything) from ksctl verify/explain: a small GQA layer
+    if len(shape) == 2:  # (tokens, anything) from ksctl verify / plan: a small GQA layer
         shape = (shape[0], 4, 2, 64)
     t, hq, hk, d = shape
     rows = max(4096, t)  # a table as long as the batch's positions, each position once (a prefill's)
@@ -52,12 +52,15 @@ def _reference(inp, mode):
     return q, k
 
 
+_TOKENS = ShapeGrammar("TxHqxHkvxD", "T tokens at distinct positions, Hq query and Hkv key heads of D")
+
 ADAPTERS = {"rotary_embedding": BenchAdapter(
     inputs=_inputs,
     ours=lambda inp, mode, backend: _own(lambda p, q, k, c: api.rotary_embedding(p, q, k, c, backend=backend), inp),
     peers=lambda inp, mode: {"torch-eager": _own(_native, inp), "torch.compile": _own(compiled(_native), inp)},
     reference=_reference,
     args=lambda inp: (inp["pos"], inp["q"], inp["k"], inp["cache"], inp["q"].shape[-1]),
+    shape=_TOKENS,
 )}
 
 
@@ -70,7 +73,7 @@ def _hf_apply(q, k, cos, sin):
 
 
 def _apply_inputs(shape, dtype, device, mode):
-    if len(shape) == 2:  # (tokens, anything) from ksctl verify/explain: one short sequence
+    if len(shape) == 2:  # (tokens, anything) from ksctl verify / plan: one short sequence
         shape = (1, 4, 2, shape[0], 64)
     b, hq, hk, s, d = shape
     inv = 1.0 / 10000 ** (torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
@@ -102,6 +105,7 @@ ADAPTERS["apply_rotary"] = BenchAdapter(
         "torch.compile": runner(lambda: compiled(_hf_apply)(inp["q"], inp["k"], inp["cos"], inp["sin"]), inp, mode)},
     reference=_apply_reference,
     args=lambda inp: (inp["q"], inp["k"], inp["cos"], inp["sin"]),
+    shape=ShapeGrammar("BxHqxHkvxSxD", "B sequences, Hq query and Hkv key heads, S positions, head dim D"),
 )
 
 
@@ -150,6 +154,7 @@ ADAPTERS["mrope"] = BenchAdapter(
                              "torch.compile": _mrope_own(compiled(_native_mrope), inp)},
     reference=_mrope_reference,
     args=lambda inp: (inp["pos"], inp["q"], inp["k"], inp["cache"], inp["q"].shape[-1]),
+    shape=_TOKENS,
 )
 
 
@@ -194,6 +199,7 @@ ADAPTERS["qk_norm_rope"] = BenchAdapter(
                              "torch.compile": _qk_own(compiled(_native_qk), inp)},
     reference=_qk_reference,
     args=lambda inp: (inp["q"], inp["k"], inp["qw"], inp["kw"], inp["cache"], inp["pos"], inp["q"].shape[-1]),
+    shape=_TOKENS,
 )
 
 
@@ -239,4 +245,6 @@ ADAPTERS["qkv_rope"] = BenchAdapter(
     reference=_qkv_reference,
     args=lambda inp: (inp["x"], torch.cat([w.detach() for w in inp["ws"]]), inp["cos"],
                       (inp["ws"][0].shape[0] // inp["d"], inp["ws"][1].shape[0] // inp["d"], inp["d"])),
+    shape=ShapeGrammar("BxSxHIDDENxHqxHkvxD", "B sequences of S tokens of HIDDEN, projected to Hq query and Hkv "
+                       "key/value heads of D"),
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ...bench.adapter import BenchAdapter, compiled, runner
+from ...bench.adapter import BenchAdapter, ShapeGrammar, compiled, runner
 from . import api
 
 
@@ -39,6 +39,7 @@ def _adapter(public, eager):
         peers=lambda inp, mode: {"torch-eager": runner(lambda: eager(inp["x"]), inp, mode),
                                  "torch.compile": runner(lambda: compiled(eager)(inp["x"]), inp, mode)},
         reference=lambda inp, mode: _reference(eager, inp, mode),
+        shape=ShapeGrammar("ROWSxN", "ROWS rows of N elements, normalized over each row"),
     )
 
 
