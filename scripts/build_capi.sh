@@ -15,7 +15,8 @@
 #    an error, hidden visibility (only the ks_* API is exported) and --no-undefined, linking
 #    nothing but libc/libdl/libpthread/libm (libcuda is dlopen'ed at run time).
 # 3. The exported symbols are checked: anything but ks_* fails the build.
-# Environment: PYTHON (default python3: needs torch and triton, as the package does), CC (gcc).
+# Environment: PYTHON (needs torch and triton, as the package does; default: the project's .venv/bin/python
+# when it exists, else python3), CC (gcc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,13 +28,29 @@ while [ $# -gt 0 ]; do
     --set) SET="$2"; shift 2 ;;
     --jobs) JOBS="--jobs $2"; shift 2 ;;
     --models) MODELS="--models $2"; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "build_capi.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 case "$SET" in test|release|full|none) ;; *) echo "build_capi.sh: --set must be test, release, full or none" >&2; exit 2 ;; esac
 
-PY="${PYTHON:-python3}"
+# The interpreter: PYTHON, else the project's venv (scripts/test.sh makes it; a bare `python3` outside it
+# usually lacks torch and triton), else python3. One line says which when it was not asked for, and
+# one line (no traceback) says what to do when it cannot import torch and triton.
+if [ -n "${PYTHON:-}" ]; then
+  PY="$PYTHON"; PY_FROM="PYTHON"
+elif [ -x .venv/bin/python ]; then
+  PY=.venv/bin/python; PY_FROM="the project's venv"
+  echo "build_capi.sh: using .venv/bin/python (the project's venv; set PYTHON to use another)"
+else
+  PY=python3; PY_FROM="python3 on PATH, no .venv here"
+fi
+if ! py_err="$("$PY" -c 'import torch, triton' 2>&1)"; then
+  py_err="$(printf '%s\n' "$py_err" | grep -v '^[[:space:]]*$' | tail -n 1)"
+  echo "build_capi.sh: $PY ($PY_FROM) cannot import torch and triton (${py_err:-no message}); create the" \
+       "project's venv (scripts/test.sh makes .venv) or set PYTHON to a python that has them" >&2
+  exit 1
+fi
 CC="${CC:-gcc}"
 GEN=capi/generated
 LIBDIR=src/kernelset/capi/lib

@@ -240,10 +240,31 @@ def test_cross_entropy_edge_rows():
     logits = torch.randn(3, 10)
     target = torch.tensor([-100, -100, -100])
     assert capi.cross_entropy(logits, target).item() == 0.0  # all ignored: mean is 0
-    bad = capi.cross_entropy(logits, torch.tensor([1, 10, -5]), reduction="none")
-    assert not bad[0].isnan() and bad[1].isnan() and bad[2].isnan()  # outside [0, V): NaN, no read
     one = capi.cross_entropy(logits[0], torch.tensor(4), out=poisoned((1,)))  # 1-D logits, 0-d target, [1] loss
     torch.testing.assert_close(one[0], torch.nn.functional.cross_entropy(logits[0], torch.tensor(4)))
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+@pytest.mark.parametrize("tdt", [torch.int64, torch.int32], ids=["i64", "i32"])
+def test_cross_entropy_bad_target_writes_nothing(reduction, tdt):
+    """A target outside [0, V) that is not ignore_index is refused on CPU, naming it, before any
+    loss is written (the Python API's check_target; the CPU path once wrote a NaN loss). An
+    ignore_index inside [0, V) and targets equal to it stay valid."""
+    logits = torch.randn(2, 3, 10)
+    for t, msg in (([[1, 10, 2], [0, 0, 0]], "target 10 (flat index 1)"), ([[1, 2, 3], [4, -5, -7]],
+                                                                            "target -5 (flat index 4)")):
+        out = poisoned((2, 3) if reduction == "none" else ())
+        with pytest.raises(capi.KsError) as e:
+            capi.cross_entropy(logits, torch.tensor(t, dtype=tdt), reduction=reduction, out=out)
+        assert e.value.status == _abi.INVALID_ARGUMENT
+        assert e.value.message == (f"target: {msg} is outside [0, 10) (logits' last dim) and is not "
+                                   "options.ignore_index (-100)")
+        assert out.isnan().all()
+    target = torch.tensor([[1, 7, 2], [7, 9, 0]], dtype=tdt)
+    got = capi.cross_entropy(logits, target, ignore_index=7, reduction=reduction)
+    want = torch.nn.functional.cross_entropy(logits.reshape(-1, 10), target.reshape(-1).long(), ignore_index=7,
+                                             reduction=reduction)
+    torch.testing.assert_close(got.reshape(want.shape), want, rtol=2e-5, atol=2e-5)
 
 
 def test_cross_entropy_ignore_index_beyond_target_dtype():

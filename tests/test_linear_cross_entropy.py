@@ -238,12 +238,39 @@ def test_strided_target_and_weight_honoured(case, device):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_out_of_range_target_raises(backend, device):
+    # as cross_entropy: checked by default (one host sync), named, nothing computed
+    hidden, weight, bias, _ = _inputs(torch.float32, device, t=4)
+    for bad in (V, -5):
+        target = torch.tensor([1, -100, bad, 2], device=device, dtype=torch.int32)
+        with pytest.raises(ks.ArgumentError) as e:
+            ks.linear_cross_entropy(hidden, weight, target, bias=bias, backend=backend)
+        assert str(e.value) == (f"linear_cross_entropy: argument 'target' must be in [0, {V}) (weight's first dim) "
+                                f"or ignore_index (-100), got target {bad} at flat index 2")
+    assert hidden.grad is None and weight.grad is None and bias.grad is None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("bad", [V, -5], ids=["past-V", "negative"])
-def test_out_of_range_target_poisons_the_loss(backend, bad, device):
-    hidden, weight, _, _ = _inputs(torch.float32, device, t=3, bias=False)
-    target = torch.tensor([1, bad, 2], device=device)  # outside [0, V), not ignore_index
-    loss = ks.linear_cross_entropy(hidden.detach(), weight.detach(), target, reduction="none", backend=backend)
-    assert loss[1].isnan() and torch.isfinite(loss[[0, 2]]).all()
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_out_of_range_target_poisons_loss_and_gradients(backend, bad, reduction, device):
+    # unchecked (check_target=False; torch.compile, graph capture): the row's loss is NaN, and so
+    # is every gradient it reaches, its dhidden row and all of dweight and dbias (sums over rows);
+    # the other dhidden rows stay finite. Several chunks, the bad row in the second
+    hidden, weight, bias, _ = _inputs(torch.float32, device, t=12)
+    target = torch.randint(0, V, (12,), device=device)
+    target[9] = bad
+    with L.use(SEVERAL):
+        loss = ks.linear_cross_entropy(hidden, weight, target, bias=bias, reduction=reduction, check_target=False,
+                                       backend=backend)
+    if reduction == "none":
+        assert loss[9].isnan() and torch.isfinite(loss[torch.arange(12) != 9]).all()
+        loss = loss[torch.arange(12, device=device) != 9].sum()  # the bad row's incoming gradient is 0
+    assert loss.isnan() == (reduction == "mean")
+    loss.backward()
+    ok = torch.arange(12, device=device) != 9
+    assert hidden.grad[9].isnan().all() and torch.isfinite(hidden.grad[ok]).all()
+    assert weight.grad.isnan().all() and bias.grad.isnan().all()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -121,18 +121,52 @@ def test_all_ignored_gives_zero_not_nan(backend, device):
 
 
 @pytest.mark.parametrize("backend", [str(i.backend) for i in impls("cross_entropy")])
+@pytest.mark.parametrize("tdt", [torch.int64, torch.int32], ids=["i64", "i32"])
+def test_out_of_range_target_raises(backend, tdt, device):
+    # as torch (and ks.embedding's ids): a target outside [0, V) that is not ignore_index is an
+    # error by default, naming the function, the argument, the range and the first bad value; it
+    # once gave a NaN loss with finite gradients, so training went on over the bad row
+    x = torch.randn(4, 4, device=device, requires_grad=True)
+    for t, got in (([1, 2, 3, 10], "target 10 at flat index 3"), ([[-100, -5], [0, 3]], "target -5 at flat index 1")):
+        target = torch.tensor(t, device=device, dtype=tdt)
+        with pytest.raises(ks.ArgumentError) as e:
+            ks.cross_entropy(x.reshape(target.shape + (-1,)) if target.dim() == 2 else x, target, backend=backend)
+        assert str(e.value) == (f"cross_entropy: argument 'target' must be in [0, 4) (logits' last dim) or "
+                                f"ignore_index (-100), got {got}")
+    assert x.grad is None
+    # ignore_index is valid wherever it lies, inside [0, V) too; so is every target in range
+    ks.cross_entropy(x, torch.tensor([0, 3, -100, 1], device=device, dtype=tdt), backend=backend)
+    ks.cross_entropy(x, torch.tensor([0, 3, 7, 7], device=device, dtype=tdt), ignore_index=7, backend=backend)
+
+
+@pytest.mark.parametrize("backend", [str(i.backend) for i in impls("cross_entropy")])
 @pytest.mark.parametrize("bad", [50, -5], ids=["past-V", "negative"])
-def test_out_of_range_target_poisons_the_loss(backend, bad, device):
-    # documented: NaN loss for that row, no gradient from it, no error and no host sync; the
-    # reference must agree (it once raised torch's gather error instead)
+@pytest.mark.parametrize("how", ["unchecked", "compiled"])
+def test_out_of_range_target_poisons_loss_and_gradient(backend, bad, how, device):
+    # documented, where the check is skipped (check_target=False, torch.compile, graph capture):
+    # the row's loss is NaN and so is its whole gradient row, whatever the incoming gradient (a
+    # zero gradient let training go on over garbage), with no host sync and no read outside the
+    # row; the other rows are untouched; the reference agrees
     x = torch.randn(3, 50, device=device, requires_grad=True)
     t = torch.tensor([1, bad, 2], device=device)  # outside [0, 50), not ignore_index
-    loss = ks.cross_entropy(x, t, reduction="none", backend=backend)
+
+    def ce(*a, **kw):
+        return ks.cross_entropy(*a, check_target=False, backend=backend, **kw)
+    if how == "compiled":
+        ce = torch.compile(lambda *a, **kw: ks.cross_entropy(*a, backend=backend, **kw), fullgraph=True,
+                           backend="aot_eager")
+    loss = ce(x, t, reduction="none")
     assert loss[1].isnan() and torch.isfinite(loss[[0, 2]]).all()
-    loss[[0, 2]].sum().backward()
-    assert torch.equal(x.grad[1], torch.zeros_like(x.grad[1])) and x.grad[[0, 2]].abs().sum() > 0
-    mean = ks.cross_entropy(x.detach(), t, backend=backend)
-    assert mean.isnan()
+    loss[[0, 2]].sum().backward()  # the bad row's incoming gradient is 0: its gradient is NaN all the same
+    assert x.grad[1].isnan().all() and torch.isfinite(x.grad[[0, 2]]).all() and x.grad[[0, 2]].abs().sum() > 0
+    xr = x.detach().clone().requires_grad_()
+    good = F.cross_entropy(xr[[0, 2]], t[[0, 2]], reduction="none")
+    good.sum().backward()
+    assert rel_err(x.grad[[0, 2]], xr.grad[[0, 2]]) < 1e-5
+    x.grad = None
+    mean = ce(x, t)
+    mean.backward()
+    assert mean.isnan() and x.grad[1].isnan().all() and torch.isfinite(x.grad[[0, 2]]).all()
 
 
 @pytest.mark.parametrize("backend", [str(i.backend) for i in impls("cross_entropy")])
@@ -272,7 +306,7 @@ def test_kernels_compile_for_sm90():
 @pytest.mark.parametrize("opt", OPTIONS, ids=lambda o: o[0])
 def test_split_runs_and_has_one_launch_form(opt, device, monkeypatch):
     """The split tuning really launches the split kernel (8 programs per row), an out-of-range
-    target still poisons only its row, and on a GPU the one-launch form gives the two-launch
+    target still poisons only its row (loss and gradient), and on a GPU the one-launch form gives the two-launch
     form's bits."""
     from kernelset.ops import rowsync
 
@@ -286,7 +320,7 @@ def test_split_runs_and_has_one_launch_form(opt, device, monkeypatch):
         g = torch.rand(6, device=device)
 
         def run():
-            loss = ks.cross_entropy(x, t, reduction="none", backend="triton", **opt[1])
+            loss = ks.cross_entropy(x, t, reduction="none", check_target=False, backend="triton", **opt[1])
             return [loss, *torch.autograd.grad(loss, (x,), g)]
 
         one = run()
@@ -295,5 +329,6 @@ def test_split_runs_and_has_one_launch_form(opt, device, monkeypatch):
     assert grids and set(grids) == {(6 * 8,)}, grids
     for a, b in zip(one, two):
         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
-    loss = one[0]
+    loss, dx = one
     assert loss[1].item() == 0.0 and loss[4].isnan() and not loss[[0, 2, 3, 5]].isnan().any()
+    assert (dx[1] == 0).all() and dx[4].isnan().all() and not dx[[0, 2, 3, 5]].isnan().any()

@@ -190,7 +190,7 @@ def _count_ring(monkeypatch) -> list:
 def test_ring_matches_reference(v, dtype, z_loss, cfg, device, monkeypatch):
     """The ring kernel (turned on, each launch) against the fp32 reference: per-row loss, lse and
     gradient, all poisoned first. Rows: ignored (loss and gradient 0), the target in the last
-    column, a row with -inf logits, an out-of-range target (NaN loss, zero gradient), a row of -inf
+    column, a row with -inf logits, an out-of-range target (NaN loss and gradient row), a row of -inf
     only (NaN, lse -inf, as the reference). A row's bits are the same in any batch; strided
     logits take the other kernels and label smoothing is never offered to the ring."""
     _ring_gpu(device)
@@ -234,7 +234,7 @@ def test_ring_matches_reference(v, dtype, z_loss, cfg, device, monkeypatch):
     assert rel_err(lse[ok], lse_want[ok]) <= 1e-5
     assert rel_err(dx[ok], dwant[ok]) <= tolerance("norm", dtype)
     assert loss[3] == 0 and (dx[3] == 0).all()
-    assert loss[12].isnan() and want[12].isnan() and (dx[12] == 0).all()
+    assert loss[12].isnan() and want[12].isnan() and dx[12].isnan().all()
     assert loss[13].isnan() and want[13].isnan() and lse[13] == float("-inf") == lse_want[13]
     assert torch.equal(loss1[0], loss[8]) and torch.equal(lse1[0], lse[8]) and torch.equal(dx1[0], dx[8])
     w2, dw2 = R.fwd(wide, tgt[:4], -100, 0.0, z_loss, None, "sum", True)

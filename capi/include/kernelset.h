@@ -262,7 +262,9 @@ KS_API ks_status_t ks_log_softmax(const DLTensor *x, DLTensor *out, const ks_sof
                                   ks_stream_t stream);
 
 /* ---- Loss (forward). logits [T, V], target [T] int32/int64; loss float32: [T] with
- * KS_REDUCTION_NONE, else a 0-d (or [1]) tensor. */
+ * KS_REDUCTION_NONE, else a 0-d (or [1]) tensor. A target outside [0, V) that is not ignore_index
+ * gives KS_ERR_INVALID_ARGUMENT on CPU (nothing written); on CUDA its row's loss is NaN (no read
+ * outside logits). */
 KS_API ks_status_t ks_cross_entropy(const DLTensor *logits, const DLTensor *target, DLTensor *loss,
                                     const ks_cross_entropy_options *options, ks_stream_t stream);
 

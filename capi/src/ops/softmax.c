@@ -3,12 +3,15 @@
  * Semantics of kernelset.ops.softmax and kernelset.ops.loss (reference.py): fp32 math;
  * softmax(x / temperature) written in out's dtype; the loss per row is
  *   (1 - eps) (lse - z_t) + eps (lse - mean z) + z_loss lse^2, z = softcap tanh(x / softcap) or x,
- * 0 for rows whose target is ignore_index and NaN for a target outside [0, V); MEAN divides the
- * sum by the number of rows not ignored (at least 1). Row sums accumulate in double. CUDA tensors
- * run the package's kernels (softmax_fwd; ce_fwd: the per-row loss, reduced by the package's
- * reduction kernel for MEAN and SUM). Outputs may not share memory with inputs (KS_ERR_INVALID_ARGUMENT
- * naming both), except softmax's out = x (same dtype, shape and strides: in place) and the one-element
- * loss of a mean or sum (written once, after every input was read). */
+ * 0 for rows whose target is ignore_index; MEAN divides the sum by the number of rows not ignored
+ * (at least 1). Row sums accumulate in double. On CPU every target is checked before anything is
+ * written: one outside [0, V) that is not ignore_index gives KS_ERR_INVALID_ARGUMENT naming it (the
+ * Python API's check_target). CUDA tensors run the package's kernels (softmax_fwd; ce_fwd: the
+ * per-row loss, reduced by the package's reduction kernel for MEAN and SUM), where such a target is
+ * never read past its row and its loss is NaN (no host sync to check targets). Outputs may not
+ * share memory with inputs (KS_ERR_INVALID_ARGUMENT naming both), except softmax's out = x (same
+ * dtype, shape and strides: in place) and the one-element loss of a mean or sum (written once,
+ * after every input was read). */
 #include "ks_internal.h"
 #include "ks_cuda_ops.h"
 
@@ -167,6 +170,13 @@ static ks_status_t run_ce(ks_call *c, const DLTensor *logits, const DLTensor *ta
   }
   KS_TRY(check_ce_memory(&o, &vl, &vx, &vt));
   if (c->dry_run) return KS_OK;
+  for (int64_t r = 0; r < rows; r++) {
+    const int64_t t = ks_load_index(vt.data, vt.dtype, ks_flat_offset(&vt, r));
+    if (t != o.ignore_index && (t < 0 || t >= v))
+      return ks_fail(KS_ERR_INVALID_ARGUMENT, "target: target %lld (flat index %lld) is outside [0, %lld) (logits' "
+                     "last dim) and is not options.ignore_index (%lld)", (long long)t, (long long)r, (long long)v,
+                     (long long)o.ignore_index);
+  }
   const int64_t sx = vx.strides[vx.ndim - 1];
   const float eps = o.label_smoothing;
   double total = 0.0;
@@ -187,13 +197,9 @@ static ks_status_t run_ce(ks_call *c, const DLTensor *logits, const DLTensor *ta
       double s = 0.0;
       for (int64_t j = 0; j < v; j++) s += expf(capped(ks_load(vx.data, vx.dtype, xo + j * sx), o.softcap) - mx);
       const float lse = mx + (float)log(s);
-      if (t < 0 || t >= v) {
-        row = NAN; /* never read outside the row: the Triton kernel's answer */
-      } else {
-        const float zt = capped(ks_load(vx.data, vx.dtype, xo + t * sx), o.softcap);
-        const float mean = (float)(sz / (double)v);
-        row = (1.0f - eps) * (lse - zt) + eps * (lse - mean) + o.z_loss * lse * lse;
-      }
+      const float zt = capped(ks_load(vx.data, vx.dtype, xo + t * sx), o.softcap); /* t in [0, v): checked */
+      const float mean = (float)(sz / (double)v);
+      row = (1.0f - eps) * (lse - zt) + eps * (lse - mean) + o.z_loss * lse * lse;
     }
     if (o.reduction == KS_REDUCTION_NONE) {
       ((float *)vl.data)[ks_flat_offset(&vl, r)] = row;

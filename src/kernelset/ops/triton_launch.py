@@ -219,8 +219,19 @@ def _drop_bound() -> None:
 config.on_change(_drop_bound)
 
 
+def _interpreter_rounding(fn: Any) -> None:
+    """Under TRITON_INTERPRET=1 ``@triton.jit`` gives an InterpretedFunction, whose fp32 -> bf16
+    casts truncate where a GPU rounds to nearest even (bf16 results off by up to an ulp in most
+    elements): the first such kernel installs the fix (idempotent; never at import of kernelset,
+    which does not import Triton)."""
+    if type(fn).__name__ == "InterpretedFunction":
+        from ..testing.interpreter import patch_bf16_rounding
+        patch_bf16_rounding()
+
+
 class FastKernel:
     def __init__(self, fn: Any):
+        _interpreter_rounding(fn)
         self.fn = fn
         params = getattr(fn, "params", None)
         self.names = tuple(getattr(fn, "arg_names", ()))

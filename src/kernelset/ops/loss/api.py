@@ -26,13 +26,17 @@ class Reduction(KsEnum):
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100,
                   label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: float | None = None,
-                  reduction: Reduction | str = Reduction.MEAN, backend: Backend | str = AUTO) -> torch.Tensor:
+                  reduction: Reduction | str = Reduction.MEAN, check_target: bool = True,
+                  backend: Backend | str = AUTO) -> torch.Tensor:
     """Cross-entropy of logits ``[..., V]`` against integer targets ``[...]``, one fused pass.
 
     z = softcap * tanh(logits / softcap) when softcap is set; per row
     ``(1 - eps)(lse - z_t) + eps (lse - mean z) + z_loss lse^2``, 0 for ignored rows.
-    fp32 math and fp32 loss. A target outside [0, V) that is not ignore_index gives a NaN loss
-    (checked on the device: no host sync, no out-of-bounds read).
+    fp32 math and fp32 loss. ``check_target`` verifies that every target is ignore_index or in
+    [0, V) with one host sync and raises on a bad one; it is skipped under CUDA-graph capture and
+    torch.compile (and when False), where a bad target is never read past its row: that row's loss
+    is NaN (so a mean or sum is NaN) and its gradient row is NaN whatever the incoming gradient,
+    so training cannot go on silently.
     """
     op = "cross_entropy"
     checks.tensor(op, "logits", logits)
@@ -44,6 +48,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     v = logits.shape[-1]
     if v == 0:
         raise ArgumentError(op, "logits", "of vocabulary size (last dim) >= 1", f"shape {tuple(logits.shape)}")
+    if check_target:
+        check_targets(op, target, v, ignore_index, "logits' last dim")
     x2, t2 = logits.reshape(-1, v), target.reshape(-1).contiguous()  # the kernel reads target[row]
     args = (x2, t2, ignore_index, label_smoothing, z_loss, cap, red)
     if torch.compiler.is_compiling():
@@ -53,6 +59,22 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     else:
         loss = dispatch.select(op, backend, (x2, t2), {}).forward(*args, False)[0]
     return loss.reshape(target.shape) if red == "none" else loss
+
+
+def check_targets(op: str, target: torch.Tensor, v: int, ignore_index: int, vocab: str) -> None:
+    """Raise unless every target is ignore_index or in [0, v) (``vocab`` names where v comes from):
+    one host sync; nothing under torch.compile or CUDA-graph capture, where the kernels' defined
+    answer (NaN loss and gradient rows) stands."""
+    if not target.numel() or torch.compiler.is_compiling():
+        return
+    if target.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    t = target.reshape(-1).long()  # int64: an int32 compared with a Python int beyond its range wraps
+    bad = (t != ignore_index) & ((t < 0) | (t >= v))
+    if bad.any():  # the one host sync
+        k = int(bad.nonzero()[0, 0])
+        raise ArgumentError(op, "target", f"in [0, {v}) ({vocab}) or ignore_index ({ignore_index})",
+                            f"target {int(t[k])} at flat index {k}")
 
 
 def check_options(op: str, ignore_index, label_smoothing, z_loss, softcap,

@@ -38,7 +38,7 @@ def _cost(shape, dtype, mode):
 declare_op(OpSpec(
     name="cross_entropy", family="loss",
     signature="cross_entropy(logits, target, *, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, "
-              "softcap=None, reduction='mean', backend='auto')",
+              "softcap=None, reduction='mean', check_target=True, backend='auto')",
     doc="(1-eps)(lse - z_t) + eps (lse - mean z) + z_loss lse^2, z = softcap tanh(x / softcap); fp32 loss",
     reference=lambda logits, target: ref.fwd(logits, target, -100, 0.0, 0.0, None, "mean", False)[0],
     tolerance="norm", key=_key, problem=_problem, cost=_cost,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...bench.adapter import BenchAdapter, compiled, runner
+from ...bench.adapter import BenchAdapter, ShapeGrammar, compiled, runner
 from . import api, reference
 
 
@@ -48,9 +48,12 @@ def _peers(inp, mode):
 
 ADAPTERS = {"cross_entropy": BenchAdapter(
     inputs=_inputs,
-    ours=lambda inp, mode, backend: runner(lambda: api.cross_entropy(inp["x"], inp["t"], backend=backend), inp, mode),
+    # no target check: its host sync per call is not part of the kernel (the peers check on the device or not at all)
+    ours=lambda inp, mode, backend: runner(lambda: api.cross_entropy(inp["x"], inp["t"], check_target=False,
+                                                                     backend=backend), inp, mode),
     peers=_peers,
     reference=_reference,
     args=lambda inp: (inp["x"], inp["t"]),
+    shape=ShapeGrammar("TxV", "T tokens' logits over a vocabulary of V (every tenth target ignored)"),
 )}
 from .linear_bench import ADAPTERS as _L; ADAPTERS.update(_L)  # noqa: E402,E702  (linear_cross_entropy)

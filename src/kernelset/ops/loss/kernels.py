@@ -116,8 +116,8 @@ def _ce_fwd_kernel(X, T, LOSS, LSE, DX, SCALE, M, V, stride_x, stride_dx, ignore
             # pass 2, in reverse chunk order (the row's last chunks are the likeliest still in
             # L2): softmax * coef everywhere, unmasked but for the tail; the target's share is
             # taken off once per row, after a barrier orders it behind the chunk store of the
-            # same element
-            g_scale = tl.where(valid, tl.load(SCALE), 0.0)
+            # same element. A bad target's scale is NaN: its whole gradient row is NaN, as its loss
+            g_scale = tl.where(valid, tl.load(SCALE), tl.where(bad, float("nan"), 0.0))
             coef = (1.0 + 2.0 * z_loss * lse) * g_scale
             lse2 = lse * _LOG2E
             sm = (smoothing / V) * g_scale
@@ -165,6 +165,7 @@ def _ce_fwd_split_kernel(X, T, LOSS, LSE, DX, SCALE, PART, SYNC, M, V, split, st
     z = tl.where(cm, _softcapped(x, softcap, SOFTCAP), -float("inf"))
     t = tl.load(T + row).to(tl.int64)
     valid = (t != ignore_index) & (t >= 0) & (t < V)
+    bad = (t != ignore_index) & ((t < 0) | (t >= V))
     if PHASE != 2:
         m_c = tl.max(z, axis=0)
         m_cs = tl.where(m_c == -float("inf"), 0.0, m_c)
@@ -188,11 +189,10 @@ def _ce_fwd_split_kernel(X, T, LOSS, LSE, DX, SCALE, PART, SYNC, M, V, split, st
             loss = (1.0 - smoothing) * (lse - zt) + z_loss * lse * lse
             if SMOOTH:
                 loss += smoothing * (lse - rowsync.tree_sum(pz, SPLIT_P2) / V)
-            bad = (t != ignore_index) & ((t < 0) | (t >= V))
             loss = tl.where(valid, loss, tl.where(bad, float("nan"), 0.0))
             tl.store(LOSS + row, loss)
             tl.store(LSE + row, lse)
-        g_scale = tl.where(valid, tl.load(SCALE), 0.0)
+        g_scale = tl.where(valid, tl.load(SCALE), tl.where(bad, float("nan"), 0.0))  # a bad target: a NaN row
         coef = (1.0 + 2.0 * z_loss * lse) * g_scale
         g = tl.exp2(z * _LOG2E - lse * _LOG2E) * coef - (smoothing / V) * g_scale
         g = tl.where(cols == t, g - (1.0 - smoothing) * g_scale, g)

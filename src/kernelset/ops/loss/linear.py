@@ -39,7 +39,7 @@ from ...core.registry import BenchCase, Cost, Impl, OpSpec, Problem, declare_op,
 from ...core.support import triton_device
 from ...core.tuning import TuningStack, hash_once
 from . import linear_reference as ref
-from .api import _DOUBLE, Reduction, check_options
+from .api import _DOUBLE, Reduction, check_options, check_targets
 
 OP = "linear_cross_entropy"
 
@@ -94,7 +94,7 @@ def _cost(shape, dtype, mode):
 declare_op(OpSpec(
     name=OP, family="loss",
     signature="linear_cross_entropy(hidden, weight, target, *, bias=None, ignore_index=-100, label_smoothing=0.0, "
-              "z_loss=0.0, softcap=None, reduction='mean', backend='auto')",
+              "z_loss=0.0, softcap=None, reduction='mean', check_target=True, backend='auto')",
     doc="cross_entropy(hidden @ weight.T + bias, target) chunked over tokens, [T, V] logits never stored",
     reference=lambda hidden, weight, target: ref.fwd(hidden, weight, None, target, -100, 0.0, 0.0, 0.0, "mean",
                                                      False, False, False)[0],
@@ -222,7 +222,7 @@ def _plan(reduction: str, need_h: bool, need_w: bool, need_b: bool, row_grad_giv
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, *,
                          bias: torch.Tensor | None = None, ignore_index: int = -100, label_smoothing: float = 0.0,
                          z_loss: float = 0.0, softcap: float | None = None, reduction: Reduction | str = Reduction.MEAN,
-                         backend: Backend | str = AUTO) -> torch.Tensor:
+                         check_target: bool = True, backend: Backend | str = AUTO) -> torch.Tensor:
     """Cross-entropy of ``hidden @ weight.T (+ bias)`` against ``target``, chunked over tokens.
 
     hidden ``[..., H]``, weight ``[V, H]`` (an LM head or tied embedding), bias ``[V]``, target
@@ -230,6 +230,10 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     label smoothing, z-loss, ignore_index, all-ignored mean = 0). Logits in the model dtype from
     cuBLAS, softmax math and the loss in fp32; the ``[T, V]`` logits are never stored (see the
     module docstring for the memory formula). Gradients for hidden, weight and bias.
+    ``check_target`` verifies that every target is ignore_index or in [0, V) with one host sync
+    and raises on a bad one; it is skipped under CUDA-graph capture and torch.compile (and when
+    False), where a bad target's loss is NaN and so are the gradients it reaches: its dhidden row,
+    and all of dweight and dbias (sums over the rows).
     """
     op = OP
     checks.tensor(op, "hidden", hidden)
@@ -254,6 +258,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     checks.same_device(op, "target", target, "hidden", hidden)
     ignore_index, label_smoothing, z_loss, cap, red = check_options(op, ignore_index, label_smoothing, z_loss, softcap,
                                                                     reduction)
+    if check_target:
+        check_targets(op, target, v, ignore_index, "weight's first dim")
     h2, t2 = hidden.reshape(-1, h), target.reshape(-1).contiguous()  # the kernel reads targets unit-stride
     grad_on = torch.is_grad_enabled()
     nh, nw = grad_on and hidden.requires_grad, grad_on and weight.requires_grad

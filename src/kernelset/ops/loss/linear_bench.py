@@ -12,7 +12,7 @@ import importlib
 import torch
 import torch.nn.functional as F
 
-from ...bench.adapter import BenchAdapter, Runner, compiled, runner
+from ...bench.adapter import BenchAdapter, Runner, ShapeGrammar, compiled, runner
 from . import linear, linear_reference
 
 
@@ -63,8 +63,9 @@ def _peers(inp, mode):
 
 
 def _ours(inp, mode, backend):
-    return runner(lambda: linear.linear_cross_entropy(inp["hidden"], inp["weight"], inp["t"], backend=backend),
-                  inp, mode)
+    # no target check: its host sync per call is not part of the kernels (as cross_entropy's bench)
+    return runner(lambda: linear.linear_cross_entropy(inp["hidden"], inp["weight"], inp["t"], check_target=False,
+                                                      backend=backend), inp, mode)
 
 
 def peak_extra_bytes(run: Runner) -> int:
@@ -86,4 +87,6 @@ ADAPTERS = {"linear_cross_entropy": BenchAdapter(
     peers=_peers,
     reference=_reference,
     args=lambda inp: (inp["hidden"], inp["weight"], inp["t"]),
+    shape=ShapeGrammar("TxHxV", "T tokens of hidden size H, an LM head over a vocabulary of V (every tenth target "
+                       "ignored)"),
 )}

@@ -4,6 +4,7 @@ z = softcap * tanh(x / softcap) (or x); lse = logsumexp(z);
 loss_row = (1 - eps) (lse - z_t) + eps (lse - mean(z)) + z_loss * lse^2   (0 for ignored rows)
 dz = softmax(z) (1 + 2 z_loss lse) - (1 - eps) onehot(t) - eps / V;  dx = dz (1 - (z / softcap)^2)
 mean divides by the number of rows not ignored (at least 1: an all-ignored batch gives 0).
+A target outside [0, V) that is not ignore_index gives a NaN loss row and a NaN gradient row.
 """
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ def rows(logits, target, ignore_index, label_smoothing, z_loss, softcap):
     x = _acc(logits)
     z = softcap * torch.tanh(x / softcap) if softcap else x
     lse = torch.logsumexp(z, dim=-1)
-    # a target outside [0, V) that is not ignore_index poisons its row's loss with NaN and adds no
-    # gradient (as the kernels do, with no host sync); it still counts in the mean's denominator
+    # a target outside [0, V) that is not ignore_index (possible only when the public check was
+    # skipped) poisons its row's loss and gradient with NaN, as the kernels do (no host sync, no
+    # read outside the row); it still counts in the mean's denominator
     counted = target != ignore_index
     valid = counted & (target >= 0) & (target < z.shape[-1])
     t = torch.where(valid, target, torch.zeros_like(target)).long()
@@ -46,7 +48,8 @@ def fwd(logits, target, ignore_index, label_smoothing, z_loss, softcap, reductio
     dz = dz.scatter_add(-1, t.unsqueeze(-1), torch.full_like(lse, -(1.0 - label_smoothing)).unsqueeze(-1))
     if softcap:
         dz = dz * (1.0 - (z / softcap) ** 2)
-    dz = torch.where(valid.unsqueeze(-1), dz, torch.zeros_like(dz))
+    bad = counted & ~valid
+    dz = torch.where(valid.unsqueeze(-1), dz, torch.where(bad.unsqueeze(-1), float("nan"), 0.0))
     if scale is not None:
         dz = dz * scale
     return out, dz.to(logits.dtype)

@@ -101,13 +101,13 @@ def _ce_ring_kernel(x_desc, X, T, LOSS, LSE, DX, SCALE, PART, SYNC, R, V, ignore
             m_c, s_c = row_max_sum(PART, SYNC, r, c, m_c, s_c, S, S_P2, VL)
         lse2 = gl.where(m_c == float("-inf"), 0.0, m_c) + gl.log2(s_c)  # base 2; -inf for a row of -inf
         lse = lse2 * LN2
+        bad = (t != ignore_index) & ((t < 0) | (t >= V))
         if c == 0:
             loss = lse - xt + z_loss * lse * lse
-            bad = (t != ignore_index) & ((t < 0) | (t >= V))
             loss = gl.where(valid, loss, gl.where(bad, float("nan"), 0.0))  # an out-of-range target poisons it
             gl.store(LOSS + r, loss)
             gl.store(LSE + r, lse)
-        g_scale = gl.where(valid, scale0, 0.0)
+        g_scale = gl.where(valid, scale0, gl.where(bad, float("nan"), 0.0))  # and its gradient row
         coef = (1.0 + 2.0 * z_loss * lse) * g_scale
         dbase = DX + r.to(gl.int64) * V + col0
         for q in gl.static_range(NCH):
