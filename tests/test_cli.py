@@ -296,3 +296,20 @@ def test_plan_without_a_model(capsys):
     assert cli.main(["plan"]) == 0
     rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("  ")]
     assert len(rows) == len(out["ops"]) and len({r.index(" -> ") for r in rows}) == 1, rows
+
+
+def test_list_markdown_is_the_readme_catalog(capsys):
+    from kernelset import cli
+    from kernelset.core import registry
+    assert cli.main(["list", "--markdown"]) == 0
+    assert capsys.readouterr().out == registry.catalog_markdown()
+
+
+def test_results_render_check_passes_on_the_committed_history():
+    # docs/benchmarks/README.md's tables are rendered from results.jsonl: a stale block fails
+    import os
+
+    from kernelset import cli
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    assert cli.main(["results", "render", "--results", os.path.join(root, "docs/benchmarks/results.jsonl"),
+                     "--readme", os.path.join(root, "docs/benchmarks/README.md"), "--check"]) == 0

@@ -111,6 +111,10 @@ def cmd_list(args) -> int:
     import kernelset as ks
     rows = sorted((e.spec.family, e.name, ", ".join(e.backends), "yes" if e.spec.c_abi else "no", e.spec.doc)
                   for e in ks.catalog())
+    if args.markdown:  # the README's catalog (tests/test_readme.py compares the two)
+        from kernelset.core import registry
+        print(registry.catalog_markdown(), end="")
+        return 0
     if args.json:
         print(json.dumps([{"family": f, "op": n, "backends": b.split(", "), "c_abi": c == "yes", "doc": d,
                            "shape": _adapter(n).shape.full} for f, n, b, c, d in rows], indent=1))
@@ -433,7 +437,19 @@ def cmd_bench(args) -> int:
     if args.png:
         report.plot(results, args.png, env)
     print(report.summary_line(results))
+    if args.record:
+        from kernelset.bench import history
+        doc = json.loads(harness.to_json(env, ceilings, results, extra))
+        n = history.append(args.record, history.records_from_bench_json(doc, commit=history.head_commit(),
+                                                                       backend=None if args.backend == "auto"
+                                                                       else args.backend))
+        print(f"recorded {n} results in {args.record}", file=sys.stderr)
     return 0 if all(c.ours() and c.ours().correct for c in results) and not skipped else 1
+
+
+def cmd_results(args) -> int:
+    from kernelset.bench import history
+    return history.main(args.rest)
 
 
 def cmd_run(args) -> int:
@@ -483,7 +499,14 @@ def _main(argv: list[str] | None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("list", help="the op catalog")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--markdown", action="store_true", help="the README's catalog table")
     s.set_defaults(fn=cmd_list)
+    s = sub.add_parser("results", help="benchmark history: import run JSONs into docs/benchmarks/results.jsonl, "
+                                        "render its tables",
+                       description="ksctl results import FILE.json... [--results PATH]  |  "
+                                   "ksctl results render [--readme docs/benchmarks/README.md] [--check]")
+    s.add_argument("rest", nargs=argparse.REMAINDER)
+    s.set_defaults(fn=cmd_results)
     s = sub.add_parser("explain", help="which implementation runs a problem, and why",
                        description="Which implementation the op's own call would run here, as this machine is\n"
                                    "set up, and why each other one does not.",
@@ -540,6 +563,8 @@ def _main(argv: list[str] | None) -> int:
         s.add_argument("--backend", default="auto")
         s.add_argument("--json", default=None, help="write results as JSON here")
         s.add_argument("--png", default=None, help="write the %%-of-copy plot here")
+        s.add_argument("--record", nargs="?", const="docs/benchmarks/results.jsonl", default=None, metavar="PATH",
+                       help="append the run's results to the history file (default docs/benchmarks/results.jsonl)")
         s.add_argument("--budget", type=float, default=0.0,
                        help="seconds: start no new case after this long (the rest are listed as not run)")
         s.set_defaults(fn=fn)
