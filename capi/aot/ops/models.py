@@ -49,6 +49,8 @@ def models() -> tuple:
     configs = [PRESETS[n] for n in _SELECTED] if _SELECTED else list(PRESETS.values()) + EXTRA_CONFIGS
     for cfg in configs:
         f = facts(cfg)
+        if not f.heads:  # no attention layers (Mamba, Mamba-2): no attention, KV-cache or rope launches
+            continue
         key = (f.hidden, f.heads, f.kv_heads, f.head_dim, f.rotary_dim, f.intermediate, f.moe_intermediate,
                f.shared_intermediate, f.vocab, f.activation, f.norm, f.norm_offset, f.qk_norm,
                f.sliding_window is not None, bool(f.attn_softcap), f.final_softcap, f.sinks, f.mla is not None,

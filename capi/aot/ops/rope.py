@@ -34,7 +34,7 @@ def _rope_cases(which: str) -> list[dict]:
         for f in mm.models():
             if f.mla:
                 shapes.add((f.heads, 1, f.rotary_dim, f.rotary_dim, True))
-            else:
+            elif f.rotary_dim:  # (Jamba's attention has no rotary embedding)
                 shapes.add((f.heads, f.kv_heads, f.head_dim, f.rotary_dim, False))
         return [dict(base, t=t, hq=hq, hk=hk, d=d, rot=rot, interleaved=inter, dtype=dt, cache=cache or dt, pos=pos)
                 for hq, hk, d, rot, inter in sorted(shapes) for dt in mm.DTYPES for cache in (None, "fp32")

@@ -2,15 +2,13 @@
 which implementation kernelset's dispatcher would pick on a given GPU and why, what precision
 degrades there, and what kernelset does not cover yet. Needs neither a GPU nor transformers.
 
-Everything is derived from the config's fields. The only per-family data is :data:`FAMILY_TRAITS`:
-facts of an architecture that config.json does not state (Gemma's ``1 + w`` norms, Qwen3's q/k
-norms), the same facts ``kernelize`` discovers by probing the modules.
+What the model is (each layer's mixer and feed-forward, sizes, parameters, caches) comes from
+:mod:`.architecture`; this module turns it into the ops of one forward pass and the dispatcher's
+choice for each on the target GPU.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from typing import Any
 
 import torch
@@ -18,210 +16,17 @@ import torch
 from ..core import registry
 from ..core.enums import Backend
 from ..core.gpus import GPU, gpu as find_gpu
-from .presets import PRESETS, preset
+from .architecture import (ATTENTION_KINDS, CHECKED_FAMILIES, FAMILY_TRAITS, MIXER_LABELS, MIXERS, REQUIRED,
+                           Facts, Part, facts, kv_bytes_per_token, load_config, parameter_breakdown,
+                           parameter_count, state_bytes_per_sequence)
 
-# Architecture facts config.json leaves implicit (kernelize finds the same by probing modules).
-FAMILY_TRAITS: dict[str, dict[str, Any]] = {
-    "gemma": {"norm_offset": 1.0, "norm_cast": "gemma", "embed_scale": True},
-    "gemma2": {"norm_offset": 1.0, "norm_cast": "gemma", "embed_scale": True, "sandwich_norms": True},
-    "gemma3_text": {"norm_offset": 1.0, "norm_cast": "gemma", "embed_scale": True, "sandwich_norms": True,
-                    "qk_norm": "head"},
-    "qwen3": {"qk_norm": "head"},
-    "qwen3_moe": {"qk_norm": "head"},
-    "olmo2": {"qk_norm": "full", "norm_cast": "gemma", "post_norms_only": True},
-    "gpt_oss": {"norm_cast": "gemma", "attention_sinks": True, "expert_gate": "swiglu_oai", "attention_bias": True},
-    "phi3": {"fused_gate_up": True},
-    "qwen2": {"attention_bias": True},
-    "qwen2_moe": {"attention_bias": True},
-    "deepseek_v3": {"rope_interleave_default": True},
-    "deepseek_v2": {"rope_interleave_default": True},
-}
+__all__ = ["ATTENTION_KINDS", "CHECKED_FAMILIES", "DTYPES", "FAMILY_TRAITS", "MIXERS", "REQUIRED", "Choice", "Facts",
+           "ModelPlan", "OpRow", "Part", "choose", "facts", "kv_bytes_per_token", "load_config",
+           "parameter_breakdown", "parameter_count", "plan", "state_bytes_per_sequence"]
 
 DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "w4a16")
 _BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "w4a16": 0.5}
 _TORCH = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def load_config(spec: str | dict) -> tuple[dict[str, Any], str]:
-    """(config dict, where it came from) from a preset name, a config.json path or a model directory.
-    A multimodal config's ``text_config`` is used for the language model."""
-    if isinstance(spec, dict):
-        cfg, source = dict(spec), "config dict"
-    elif spec.strip().lower() in PRESETS:
-        cfg, source = preset(spec), f"preset {spec.strip().lower()}"
-    else:
-        path = os.path.join(spec, "config.json") if os.path.isdir(spec) else spec
-        if not os.path.isfile(path):
-            raise ValueError(f"--model {spec!r} is neither a preset ({len(PRESETS)}: see 'ksctl plan --list') "
-                             "nor a config.json / model directory")
-        try:
-            with open(path) as f:
-                cfg, source = json.load(f), path
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"--model {spec!r}: {path} is not a readable JSON config ({exc})") from None
-        if not isinstance(cfg, dict):
-            raise ValueError(f"--model {spec!r}: {path} holds a JSON {type(cfg).__name__}, not a config object")
-    if isinstance(cfg.get("text_config"), dict):
-        text = dict(cfg["text_config"])
-        text.setdefault("model_type", cfg.get("model_type", "?") + "_text")
-        cfg = text
-    return _with_defaults(cfg, spec if isinstance(spec, str) else source), source
-
-
-# the fields ``facts`` cannot do without; a config.json may leave them out where they equal the
-# defaults of the model's transformers config class (Gemma 3's ``text_config`` states only what
-# differs from the 4B model: no heads, head_dim or vocab_size)
-REQUIRED = ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
-
-
-def _with_defaults(cfg: dict[str, Any], what: str) -> dict[str, Any]:
-    """``cfg`` as transformers reads it when a required field is missing: the values of its config
-    class (built from ``cfg``, so derived fields such as ``layer_types`` follow the stated layer
-    count) under the stated ones. Without transformers, or for an unknown model_type, a ValueError
-    names the missing fields."""
-    missing = [k for k in REQUIRED if cfg.get(k) is None]
-    if not missing:
-        return cfg
-    mt = cfg.get("model_type")
-    why = "transformers is not installed"
-    try:
-        from transformers import AutoConfig
-        values = {k: v for k, v in cfg.items() if k != "model_type"}
-        obj = AutoConfig.for_model(mt, **values)
-        # (and the class's own names for them: GPT-2's n_embd is read as hidden_size)
-        full = {**obj.to_dict(), **{k: getattr(obj, k, None) for k in missing}}
-    except ImportError:
-        full = None
-    except Exception as exc:  # an unknown model_type, or values its config class rejects
-        full, why = None, f"transformers cannot build a {mt!r} config from it ({type(exc).__name__}: {exc})"
-    if full is not None:
-        filled = {**full, **{k: v for k, v in cfg.items() if v is not None or k not in full}}
-        if all(filled.get(k) is not None for k in REQUIRED):
-            return filled
-        why = f"transformers' {mt!r} config class has no default for them either"
-    raise ValueError(f"--model {what!r}: the config has no {', '.join(missing)} and they cannot be filled in "
-                     f"from its model_type's defaults ({why})")
-
-
-def _rope(cfg: dict) -> dict[str, Any]:
-    params = cfg.get("rope_parameters") or {}
-    scaling = cfg.get("rope_scaling") or {}
-    if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
-        params = params.get("full_attention") or next(iter(params.values()))  # per layer type (Gemma 3)
-    kind = scaling.get("rope_type") or scaling.get("type") or params.get("rope_type") or "default"
-    theta = cfg.get("rope_theta") or params.get("rope_theta") or 10000.0
-    factor = scaling.get("factor") or params.get("factor")
-    return {"type": kind, "theta": theta, "factor": factor}
-
-
-@dataclasses.dataclass(frozen=True)
-class Facts:
-    """The shapes and features of a model, as the config states them."""
-
-    model_type: str
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    activation: str  # silu | gelu_tanh | gelu | swiglu_oai
-    norm: str  # rms_norm | layer_norm
-    norm_offset: float
-    qk_norm: str | None  # head | full | None
-    rope: dict[str, Any]
-    rotary_dim: int
-    sliding_window: int | None
-    sliding_layers: int
-    attn_softcap: float | None
-    final_softcap: float | None
-    tie_embeddings: bool
-    experts: int
-    experts_per_tok: int
-    moe_intermediate: int
-    shared_intermediate: int
-    dense_layers: int
-    mla: dict[str, int] | None
-    sinks: bool
-    traits: dict[str, Any]
-
-    @property
-    def moe_layers(self) -> int:
-        return self.layers - self.dense_layers if self.experts else 0
-
-
-def facts(cfg: dict) -> Facts:
-    mt = cfg.get("model_type", "unknown")
-    traits = FAMILY_TRAITS.get(mt, {})
-    h = int(cfg["hidden_size"])
-    heads = int(cfg["num_attention_heads"])
-    kv = int(cfg.get("num_key_value_heads") or heads)
-    hd = int(cfg.get("head_dim") or h // heads)
-    act_name = str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu")
-    act = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
-           "gelu_fast": "gelu_tanh", "gelu": "gelu"}.get(act_name, act_name)
-    if traits.get("expert_gate") == "swiglu_oai":
-        act = "swiglu_oai"
-    layer_types = cfg.get("layer_types")
-    window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) is not False else None
-    if layer_types:
-        sliding = sum(t == "sliding_attention" for t in layer_types)
-    elif window and cfg.get("sliding_window_pattern"):
-        p = int(cfg["sliding_window_pattern"])
-        sliding = sum((i + 1) % p != 0 for i in range(int(cfg["num_hidden_layers"])))
-    elif window and mt == "gemma2":
-        sliding = (int(cfg["num_hidden_layers"]) + 1) // 2
-    else:
-        sliding = int(cfg["num_hidden_layers"]) if window else 0
-    experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0)
-    mla = None
-    if cfg.get("kv_lora_rank"):
-        mla = {k: int(cfg.get(k) or 0) for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
-                                                  "qk_rope_head_dim", "v_head_dim")}
-    moe_inter = int(cfg.get("moe_intermediate_size") or (cfg.get("intermediate_size") if experts else 0) or 0)
-    shared = int(cfg.get("shared_expert_intermediate_size") or (cfg.get("n_shared_experts") or 0) * moe_inter)
-    dense = int(cfg.get("first_k_dense_replace") or 0)
-    if experts and cfg.get("mlp_only_layers"):
-        dense = len(cfg["mlp_only_layers"])
-    if mla:
-        hd = mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"]
-    rot = mla["qk_rope_head_dim"] if mla else int(hd * float(cfg.get("partial_rotary_factor") or 1.0))
-    return Facts(
-        model_type=mt, hidden=h, layers=int(cfg["num_hidden_layers"]), heads=heads, kv_heads=kv, head_dim=hd,
-        intermediate=int(cfg.get("intermediate_size") or 4 * h), vocab=int(cfg["vocab_size"]), activation=act,
-        norm="layer_norm" if ("layer_norm_eps" in cfg or "layer_norm_epsilon" in cfg) and "rms_norm_eps" not in cfg
-        else "rms_norm", norm_offset=float(traits.get("norm_offset", 0.0)), qk_norm=traits.get("qk_norm"),
-        rope=_rope(cfg), rotary_dim=rot, sliding_window=int(window) if window else None, sliding_layers=sliding,
-        attn_softcap=cfg.get("attn_logit_softcapping"), final_softcap=cfg.get("final_logit_softcapping"),
-        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)), experts=experts,
-        experts_per_tok=int(cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0),
-        moe_intermediate=moe_inter if experts else 0, shared_intermediate=shared if experts else 0,
-        dense_layers=dense if experts else 0, mla=mla, sinks=bool(traits.get("attention_sinks")), traits=traits)
-
-
-def parameter_count(f: Facts) -> int:
-    """Parameters from the shapes (norms and biases included where they are large enough to matter)."""
-    h, L = f.hidden, f.layers
-    emb = f.vocab * h * (1 if f.tie_embeddings else 2)
-    if f.mla:
-        m = f.mla
-        qk = m["qk_nope_head_dim"] + m["qk_rope_head_dim"]
-        q = (h * m["q_lora_rank"] + m["q_lora_rank"] * f.heads * qk) if m["q_lora_rank"] else h * f.heads * qk
-        attn = q + h * (m["kv_lora_rank"] + m["qk_rope_head_dim"]) + m["kv_lora_rank"] * f.heads * (
-            m["qk_nope_head_dim"] + m["v_head_dim"]) + f.heads * m["v_head_dim"] * h
-    else:
-        attn = h * f.heads * f.head_dim * 2 + h * f.kv_heads * f.head_dim * 2
-    dense_mlp = 3 * h * f.intermediate
-    moe_mlp = f.experts * 3 * h * f.moe_intermediate + h * f.experts + 3 * h * f.shared_intermediate
-    mlp = (f.layers - f.moe_layers) * dense_mlp + f.moe_layers * moe_mlp
-    return emb + L * attn + mlp + (2 * L + 1) * h
-
-
-def kv_bytes_per_token(f: Facts, elem: float) -> float:
-    if f.mla:
-        return f.layers * (f.mla["kv_lora_rank"] + f.mla["qk_rope_head_dim"]) * elem
-    return 2 * f.layers * f.kv_heads * f.head_dim * elem
 
 
 # ---- what the dispatcher would pick on the target -----------------------------------------------
@@ -371,6 +176,9 @@ class ModelPlan:
     params: int
     weight_gb: float
     kv_bytes_per_token: float
+    state_bytes_per_sequence: float = 0.0
+    parts: tuple[Part, ...] = ()
+    notes: tuple[str, ...] = ()  # what the plan could not model or check
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -381,6 +189,9 @@ class ModelPlan:
             "fits": self.weight_gb <= self.gpu.memory_gib * 1.073741824,
             "ops": [dataclasses.asdict(r) for r in self.rows],
             "degraded": list(self.degraded), "not_covered": list(self.not_covered),
+            "layers": {"mixers": self.facts.mixer_counts(), "ffn": self.facts.ffn_counts()},
+            "parameters": [dataclasses.asdict(p) for p in self.parts],
+            "state_bytes_per_sequence": self.state_bytes_per_sequence, "notes": list(self.notes),
         }
 
     def table(self) -> str:
@@ -399,17 +210,40 @@ class ModelPlan:
             extra.append(f"softcap attn {f.attn_softcap} final {f.final_softcap}")
         rope = f"rope {f.rope['type']}" + (f" x{f.rope['factor']}" if f.rope.get("factor") else "") + \
             f" theta {f.rope['theta']:g}" + (f" on {f.rotary_dim}/{f.head_dim} dims" if f.rotary_dim != f.head_dim else "")
+        if not f.rotary_dim:
+            rope = "no rotary embedding"
         fits = "fits" if self.weight_gb <= g.memory_gib * 1.073741824 else "does NOT fit"
+        attn = f"{f.heads}/{f.kv_heads} heads ({gqa}), head dim {f.head_dim}, " if f.heads else "no attention, "
+        mlp = f"MLP {f.intermediate} {f.activation}, " if any(k != "none" for k in f.ffns) else "no MLP, "
+        kinds = ", ".join(f"{n} {k}" for k, n in f.mixer_counts().items())
+        ffns = ", ".join(f"{n} {k}" for k, n in f.ffn_counts().items())
+        state = (f"; recurrent state {self.state_bytes_per_sequence / 2**20:.1f} MiB/sequence ({self.compute_dtype})"
+                 if self.state_bytes_per_sequence else "")
         lines = [
             f"model {self.model} ({self.source}): {f.model_type}, {f.layers} layers, hidden {f.hidden}, "
-            f"{f.heads}/{f.kv_heads} heads ({gqa}), head dim {f.head_dim}, MLP {f.intermediate} {f.activation}, "
-            f"vocab {f.vocab}, {rope}" + ("; " + "; ".join(extra) if extra else ""),
+            f"{attn}{mlp}vocab {f.vocab}" + (f", {rope}" if f.heads else "")
+            + ("; " + "; ".join(extra) if extra else ""),
+            f"layers: {kinds}; feed-forward: {ffns}" + "".join(
+                f"; {t['name']} {t['model_type']} ({t['layers']} layers, hidden {t['hidden']})"
+                for t in f.towers.values()),
             f"gpu {g.name} {g.sm} ({g.features.name}: {', '.join(g.features.flags())}), {g.memory_gib:g} GiB, "
             f"{g.bandwidth_gbs:g} GB/s, {g.sms} SMs, smem {g.features.smem_per_block_kib} KiB/block",
             f"dtype {self.dtype} (activations {self.compute_dtype}, GEMMs {self.gemm_dtype}); mode {self.mode}; "
             f"{self.tokens} tokens per forward",
             f"{self.params / 1e9:.2f}B parameters, weights {self.weight_gb:.1f} GB ({fits} in {g.memory_gib:g} GiB); "
-            f"KV cache {self.kv_bytes_per_token / 1024:.0f} KiB/token",
+            + (f"KV cache {self.kv_bytes_per_token / 1024:.0f} KiB/token"
+             + (f" ({f.attention_layers} attention layers of {f.layers})" if f.attention_layers != f.layers else "")
+             if f.attention_layers else "no KV cache (no attention layers)") + state
+            + ("; the layers plan does not model are left out" if any(p.params is None for p in self.parts) else ""),
+            "",
+            "parameters by block:",
+        ]
+        for p in self.parts:
+            size = "not counted" if p.params is None else (
+                f"{p.params / 1e9:.3f}B" if p.params >= 1e8 else f"{p.params / 1e6:.3f}M") + (
+                "" if p.exact else " (estimate)")
+            lines.append(f"  {p.name:<48} {p.count:>5}  {size}")
+        lines += [
             "",
             f"{'logical op':<34} {'calls':>5}  {'shape':<34} {'kernelset op':<22} {'picks':<11} why",
         ]
@@ -417,6 +251,8 @@ class ModelPlan:
             lines.append(f"{r.logical:<34} {r.count:>5}  {r.shape:<34} {r.kernelset_op or '-':<22} {r.impl:<11} {r.why}")
         if self.degraded:
             lines += ["", "precision on this GPU:"] + [f"  {d}" for d in self.degraded]
+        if self.notes:
+            lines += ["", "notes:"] + [f"  {n}" for n in self.notes]
         if self.not_covered:
             lines += ["", "not covered by kernelset yet (runs in torch):"] + [f"  {n}" for n in self.not_covered]
         return "\n".join(lines)
@@ -461,7 +297,13 @@ def plan(model: str | dict, *, gpu: str | GPU = "h100", dtype: str = "bf16", mod
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{arg} must be a positive integer, got {v!r}")
     g = gpu if isinstance(gpu, GPU) else find_gpu(gpu)
-    f = facts(cfg)
+    try:
+        f = facts(cfg)
+    except ValueError as exc:
+        raise ValueError(f"--model {name!r}: {exc}") from None
+    except (KeyError, TypeError) as exc:  # a field of a layout plan does not read (Gemma 3n's per-layer widths)
+        raise ValueError(f"--model {name!r}: plan cannot read this {cfg.get('model_type')!r} config "
+                         f"({type(exc).__name__}: {exc})") from None
     act, gemm, degraded = _precision(dtype, g)
     dt = _TORCH[act]
     T, L, H = tokens, f.layers, f.hidden
@@ -469,8 +311,8 @@ def plan(model: str | dict, *, gpu: str | GPU = "h100", dtype: str = "bf16", mod
     not_covered: list[str] = []
 
     def row(logical: str, op: str | None, shape_text: str, count: int, shape: dict[str, int] | None = None,
-            note: str = "") -> None:
-        c = choose(op, shape or {}, dt, g)
+            note: str = "", why: str | None = None) -> None:
+        c = choose(op, shape or {}, dt, g) if why is None else Choice("torch", why)
         why = c.why + (f"; {note}" if note else "")
         rows.append(OpRow(logical, op if c.impl != "torch" or op is None else None, shape_text, count, c.impl, why))
         if c.impl == "torch":
@@ -478,84 +320,99 @@ def plan(model: str | dict, *, gpu: str | GPU = "h100", dtype: str = "bf16", mod
 
     norm_op = f.norm
     norm_shape = {"tokens": T, "hidden": H}
+    for t in f.towers.values():
+        row(f"{t['name']} ({t['model_type']})", None, f"{t['layers']} layers, hidden {t['hidden']}", 1,
+            why=f"kernelset does not cover {t['name']}s yet: the encoder runs in torch")
+        if t["projector_params"]:
+            row(f"{t['name']} projector", None, f"[{t['hidden']}] -> [{H}]", 1, note=f"GEMM in {gemm}")
     emb_note = "times sqrt(hidden) (embed_scale)" if f.traits.get("embed_scale") else ""
     row("token embedding", "embedding", f"ids [{T}] -> [{T}, {H}]", 1, {"tokens": T, "hidden": H, "vocab": f.vocab},
         emb_note)
-    per_layer = 4 if f.traits.get("sandwich_norms") else 2
+    per_layer = int(f.traits.get("norms_per_layer", 4 if f.traits.get("sandwich_norms") else 2))
     norm_desc = f"{norm_op}" + (" (1 + w)" if f.norm_offset else "") + (
         ", rounded after the weight" if f.traits.get("norm_cast") == "gemma" else "")
     layer_fused = (mode == "training" and norm_op == "rms_norm" and not f.norm_offset and per_layer == 2
                    and f.traits.get("norm_cast") != "gemma" and not f.mla and not f.qk_norm and not f.sliding_window
                    and not f.attn_softcap and not f.sinks and f.rotary_dim == f.head_dim and not f.moe_layers
                    and f.activation in ("silu", "gelu_tanh", "gelu") and not f.traits.get("fused_gate_up")
-                   and _has("qkv_rope") and _has("gated_mlp"))
+                   and not f.hybrid and _has("qkv_rope") and _has("gated_mlp"))
     row(f"decoder norms ({norm_desc})", norm_op, f"[{T}, {H}]", per_layer * L + 1, norm_shape,
         "kernelize's training calls run each layer's two inside qkv_rope and gated_mlp (norm_weight)" if layer_fused
         else "fused_add_rms_norm fuses the residual add where the engine owns the layer loop")
-    if f.mla:
+    attn_layers = f.attention_layers  # layers with attention (a hybrid's others are SSM / linear)
+    if f.mla and attn_layers:
         m = f.mla
         qk = m["qk_nope_head_dim"] + m["qk_rope_head_dim"]
         row("MLA latent norms", "rms_norm", f"[{T}, {m['kv_lora_rank']}], [{T}, {m['q_lora_rank']}]",
-            L * (2 if m["q_lora_rank"] else 1), {"tokens": T, "hidden": m["kv_lora_rank"]})
+            attn_layers * (2 if m["q_lora_rank"] else 1), {"tokens": T, "hidden": m["kv_lora_rank"]})
         row("MLA projections (q_a/q_b/kv_a/kv_b/o)", None, f"ranks q {m['q_lora_rank']} kv {m['kv_lora_rank']}",
-            5 * L, note=f"GEMMs in {gemm}")
+            5 * attn_layers, note=f"GEMMs in {gemm}")
         interleaved = bool(cfg.get("rope_interleave", f.traits.get("rope_interleave_default", False)))
         row("rope on the rope part" + (" (interleaved pairs)" if interleaved else ""), "apply_rotary",
-            f"q [{T}, {f.heads}, {m['qk_rope_head_dim']}], k [{T}, 1, {m['qk_rope_head_dim']}]", L,
+            f"q [{T}, {f.heads}, {m['qk_rope_head_dim']}], k [{T}, 1, {m['qk_rope_head_dim']}]", attn_layers,
             {"tokens": T, "heads": f.heads, "kv_heads": 1, "dim": m["qk_rope_head_dim"], "rot": m["qk_rope_head_dim"]})
         row("MLA prefill attention", "flash_attention" if _has("flash_attention") else None,
-            f"q/k dim {qk}, v dim {m['v_head_dim']}, {f.heads} heads", L,
+            f"q/k dim {qk}, v dim {m['v_head_dim']}, {f.heads} heads", attn_layers,
             {"tokens": T, "heads": f.heads, "kv_heads": f.heads, "dim": qk, "v_dim": m["v_head_dim"]},
             note="qk 192 / v 128 through flash_attention's Dv" if qk == 192 else "")
         row("MLA decode over the latent cache", "mla_decode" if _has("mla_decode") else None,
-            f"[B={decode_batch}] latent {m['kv_lora_rank']}+{m['qk_rope_head_dim']}", L,
+            f"[B={decode_batch}] latent {m['kv_lora_rank']}+{m['qk_rope_head_dim']}", attn_layers,
             {"batch": decode_batch, "heads": f.heads, "rank": m["kv_lora_rank"], "rope": m["qk_rope_head_dim"]})
-    else:
+    elif attn_layers:
         qkv = (f.heads + 2 * f.kv_heads) * f.head_dim
         # training: kernelize runs the projections and the rotation of LLaMA-style attention (full
         # rotary, no q/k norm, window, softcap or sinks) as one autograd node
         fused_qkv = (mode == "training" and _has("qkv_rope") and not f.qk_norm and not f.sliding_window
-                     and not f.attn_softcap and not f.sinks and f.rotary_dim == f.head_dim)
+                     and not f.attn_softcap and not f.sinks and f.rotary_dim == f.head_dim
+                     and not f.traits.get("attn_output_gate"))
         if fused_qkv:
-            row("QKV projection + rotary embedding", "qkv_rope", f"[{T}, {H}] x [{H}, {qkv}]", L,
+            row("QKV projection + rotary embedding", "qkv_rope", f"[{T}, {H}] x [{H}, {qkv}]", attn_layers,
                 {"tokens": T, "hidden": H, "heads": f.heads, "kv_heads": f.kv_heads, "dim": f.head_dim},
                 f"one autograd node (kernelize's training calls); GEMM cuBLAS in {gemm}; "
                 f"{f.rope['type']} tables from the model's rotary module")
         else:
-            row("QKV projection", None, f"[{T}, {H}] x [{H}, {qkv}]", L,
+            if f.traits.get("attn_output_gate"):
+                qkv += f.heads * f.head_dim
+            row("QKV projection" + (" + output gate" if f.traits.get("attn_output_gate") else ""), None,
+                f"[{T}, {H}] x [{H}, {qkv}]", attn_layers,
                 note=f"GEMM in {gemm}" + (", with bias" if f.traits.get("attention_bias") else "")
                 + "; kernelize merges q/k/v into one GEMM for inference")
         if f.qk_norm == "head":
             row("per-head q/k RMSNorm" + (" (1 + w)" if f.norm_offset else ""), "rms_norm",
-                f"[{T}, {f.heads}+{f.kv_heads}, {f.head_dim}]", 2 * L, {"tokens": T * f.heads, "hidden": f.head_dim},
+                f"[{T}, {f.heads}+{f.kv_heads}, {f.head_dim}]", 2 * attn_layers,
+                {"tokens": T * f.heads, "hidden": f.head_dim},
                 "qk_norm_rope fuses it with RoPE in serving layout")
         elif f.qk_norm == "full":
-            row("q/k RMSNorm over all heads", "rms_norm", f"[{T}, {f.heads * f.head_dim}]", 2 * L,
+            row("q/k RMSNorm over all heads", "rms_norm", f"[{T}, {f.heads * f.head_dim}]", 2 * attn_layers,
                 {"tokens": T, "hidden": f.heads * f.head_dim})
         rope_note = f"{f.rope['type']} tables from rope_cache"
-        if not fused_qkv:
+        if not fused_qkv and f.rotary_dim:
             row(f"rotary embedding ({f.rotary_dim}/{f.head_dim} dims)", "apply_rotary",
-                f"q [{T}, {f.heads}, {f.head_dim}], k [{T}, {f.kv_heads}, {f.head_dim}]", L,
+                f"q [{T}, {f.heads}, {f.head_dim}], k [{T}, {f.kv_heads}, {f.head_dim}]", attn_layers,
                 {"tokens": T, "heads": f.heads, "kv_heads": f.kv_heads, "dim": f.head_dim, "rot": f.rotary_dim},
                 rope_note)
         opts = [o for o, on in (("causal", True), (f"window {f.sliding_window} on {f.sliding_layers} layers",
                                                      bool(f.sliding_window)),
                                 (f"softcap {f.attn_softcap}", bool(f.attn_softcap)), ("sinks", f.sinks)) if on]
         row("attention prefill", "flash_attention" if _has("flash_attention") else None,
-            f"{f.heads}/{f.kv_heads} heads, D {f.head_dim}, S {T}", L,
+            f"{f.heads}/{f.kv_heads} heads, D {f.head_dim}, S {T}", attn_layers,
             {"tokens": T, "heads": f.heads, "kv_heads": f.kv_heads, "dim": f.head_dim,
              "window": (f.sliding_window - 1, 0) if f.sliding_window else (-1, -1),
              "softcap": float(f.attn_softcap or 0.0), "sinks": f.sinks},
             ", ".join(opts) + "; AUTO also consults the measured attention table on the device")
         row("KV cache write (paged)", "reshape_and_cache" if _has("reshape_and_cache") else None,
-            f"[{decode_batch}, {f.kv_heads}, {f.head_dim}]", L)
+            f"[{decode_batch}, {f.kv_heads}, {f.head_dim}]", attn_layers)
         row("attention decode (paged KV)", "paged_attention" if _has("paged_attention") else None,
-            f"B {decode_batch}, {f.heads}/{f.kv_heads} heads, D {f.head_dim}", L,
+            f"B {decode_batch}, {f.heads}/{f.kv_heads} heads, D {f.head_dim}", attn_layers,
             {"batch": decode_batch, "heads": f.heads, "kv_heads": f.kv_heads, "dim": f.head_dim},
             note=", ".join(opts[1:]))
-        row("output projection", None, f"[{T}, {f.heads * f.head_dim}] x [{f.heads * f.head_dim}, {H}]", L,
+        row("output projection", None, f"[{T}, {f.heads * f.head_dim}] x [{f.heads * f.head_dim}, {H}]", attn_layers,
             note=f"GEMM in {gemm}")
-    dense_layers = L - f.moe_layers
+    for kind, n in f.mixer_counts().items():
+        for sub in kind.split("+"):
+            if sub not in ATTENTION_KINDS and sub != "none":
+                _mixer_rows(row, sub, f, n, T, gemm)
+    dense_layers = f.ffn_counts().get("dense", 0)
     act_op = {"silu": "swiglu", "gelu_tanh": "gelu_and_mul", "gelu": "gelu_and_mul", "swiglu_oai": "swiglu_oai"}.get(
         f.activation)
     if f.traits.get("fused_gate_up") and f.activation == "silu":
@@ -566,6 +423,11 @@ def plan(model: str | dict, *, gpu: str | GPU = "h100", dtype: str = "bf16", mod
         row(f"MLP gate/up/down + {f.activation}", "gated_mlp", f"[{T}, {H}] x [{H}, {f.intermediate}]",
             dense_layers, {"tokens": T, "hidden": H, "inter": f.intermediate},
             f"one autograd node (kernelize's training calls); GEMMs cuBLAS in {gemm}")
+    elif dense_layers and not f.traits.get("gated_mlp", True):
+        row("MLP up + down projections", None, f"[{T}, {H}] x [{H}, {f.intermediate}]", 2 * dense_layers,
+            note=f"GEMMs in {gemm}")
+        row(f"activation ({f.activation})", act_op, f"[{T}, {f.intermediate}]", dense_layers,
+            {"tokens": T, "inter": f.intermediate})
     elif dense_layers:
         row("MLP gate/up + down projections", None, f"[{T}, {H}] x [{H}, 2x{f.intermediate}]", 2 * dense_layers,
             note=f"GEMMs in {gemm}" + ("" if f.traits.get("fused_gate_up")
@@ -607,9 +469,58 @@ def plan(model: str | dict, *, gpu: str | GPU = "h100", dtype: str = "bf16", mod
         degraded.append("training memory counts bf16 weights and gradients plus fp32 master weights and AdamW "
                         "moments (16 bytes/parameter), activations excluded")
     kv = kv_bytes_per_token(f, 1 if dtype == "fp8" and g.features.fp8 else 2)
+    parts = parameter_breakdown(f)
+    notes = []
+    if f.model_type not in CHECKED_FAMILIES:
+        notes.append(f"parameters: plan's count is checked against transformers for {len(CHECKED_FAMILIES)} "
+                        f"families, not for {f.model_type!r}: it may miss what this family adds")
+    for p in parts:
+        if p.params is None:
+            why = "plan cannot size it from the config" if "tower" in p.name else "plan does not model this mixer"
+            notes.append(f"parameters: {p.name} ({p.count}) not counted ({why}): the total and the memory are low")
+        elif not p.exact:
+            notes.append(f"parameters: the {p.name} is an estimate (counted as a plain ViT)")
     return ModelPlan(model=name, source=source, gpu=g, dtype=dtype, compute_dtype=act, gemm_dtype=gemm, mode=mode,
                      tokens=tokens, facts=f, rows=tuple(rows), degraded=tuple(degraded),
-                     not_covered=tuple(not_covered), params=params, weight_gb=weight_gb, kv_bytes_per_token=kv)
+                     not_covered=tuple(not_covered), params=params, weight_gb=weight_gb, kv_bytes_per_token=kv,
+                     state_bytes_per_sequence=state_bytes_per_sequence(f, 4 if act == "fp32" else 2), parts=parts,
+                     notes=tuple(notes))
+
+
+_MIXER_GEMMS = {"mamba": ("in/x/dt/out", 4), "mamba2": ("in/out", 2), "gated_deltanet": ("in/out", 3),
+                "short_conv": ("in/out", 2)}
+
+
+def _mixer_rows(row: Any, kind: str, f: Facts, n: int, T: int, gemm: str) -> None:
+    """The rows of ``n`` layers of a non-attention mixer: its projections (GEMMs) and the recurrence
+    kernelset has no kernel for."""
+    s = f.ssm.get(kind)
+    if s is None:
+        row(f"{kind} mixer", None, "-", n, why="plan does not model this mixer and kernelset has no kernel for it")
+        return
+    label = MIXER_LABELS[kind]
+    if kind == "mamba":
+        shape = f"inner {s['inner']}, state {s['state']}, dt rank {s['dt_rank']}, conv {s['conv']}"
+    elif kind == "mamba2":
+        shape = f"{s['heads']} heads x {s['head_dim']}, state {s['state']}, {s['groups']} groups, conv {s['conv']}"
+    elif kind == "gated_deltanet":
+        shape = f"{s['k_heads']}/{s['v_heads']} heads, k {s['k_dim']} v {s['v_dim']}, conv {s['conv']}"
+    else:
+        shape = f"[{T}, {f.hidden}], kernel {s['conv']}"
+    names, per_layer = _MIXER_GEMMS[kind]
+    if kind == "mamba":
+        width = 2 * s["inner"]
+    elif kind == "mamba2":
+        width = 2 * s["inner"] + 2 * s["groups"] * s["state"] + s["heads"]
+    elif kind == "gated_deltanet":
+        width = 2 * s["k_heads"] * s["k_dim"] + 2 * s["v_heads"] * s["v_dim"] + 2 * s["v_heads"]
+    else:
+        width = 3 * f.hidden
+    row(f"{label} {names} projections", None, f"in [{T}, {f.hidden}] x [{f.hidden}, {width}]", per_layer * n,
+        note=f"GEMMs in {gemm}")
+    what = {"mamba": "selective-scan (SSM)", "mamba2": "SSM (SSD) scan", "gated_deltanet": "linear-attention",
+            "short_conv": "short-convolution"}[kind]
+    row(MIXERS[kind], None, shape, n, why=f"kernelset has no {what} kernel yet ({n} of {f.layers} layers)")
 
 
 def _has(op: str) -> bool:

@@ -153,6 +153,33 @@ PRESETS: dict[str, dict[str, Any]] = {
                         rope_scaling={"rope_type": "yarn", "factor": 40.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                       "mscale": 1.0, "mscale_all_dim": 1.0,
                                       "original_max_position_embeddings": 4096}),
+    # Hybrids and state-space models: attention in some layers (or none), Mamba / Mamba-2 / gated
+    # DeltaNet / short convolutions in the others
+    "jamba-v0.1": {"model_type": "jamba", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+                   "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 65536, "num_experts": 16,
+                   "num_experts_per_tok": 2, "attn_layer_period": 8, "attn_layer_offset": 4,
+                   "expert_layer_period": 2, "expert_layer_offset": 1, "mamba_d_state": 16, "mamba_d_conv": 4,
+                   "mamba_expand": 2, "mamba_dt_rank": 256, "mamba_conv_bias": True, "mamba_proj_bias": False,
+                   "max_position_embeddings": 262144, "rms_norm_eps": 1e-6, "hidden_act": "silu",
+                   "tie_word_embeddings": False},
+    "qwen3-next-80b-a3b": _cfg("qwen3_next", 2048, 48, 16, 2, 5120, 151936, head_dim=256, num_experts=512,
+                               num_experts_per_tok=10, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+                               decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
+                               full_attention_interval=4, linear_conv_kernel_dim=4, linear_key_head_dim=128,
+                               linear_value_head_dim=128, linear_num_key_heads=16, linear_num_value_heads=32,
+                               partial_rotary_factor=0.25, max_position_embeddings=262144, rms_norm_eps=1e-6,
+                               rope_theta=10000000.0, hidden_act="silu", tie_word_embeddings=False),
+    "mamba-2.8b": {"model_type": "mamba", "hidden_size": 2560, "num_hidden_layers": 64, "vocab_size": 50280,
+                   "state_size": 16, "expand": 2, "conv_kernel": 4, "time_step_rank": 160, "use_bias": False,
+                   "use_conv_bias": True, "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True},
+    "mamba-codestral-7b": {"model_type": "mamba2", "hidden_size": 4096, "num_hidden_layers": 64, "vocab_size": 32768,
+                           "num_heads": 128, "head_dim": 64, "n_groups": 8, "state_size": 128, "expand": 2,
+                           "conv_kernel": 4, "chunk_size": 256, "use_bias": False, "use_conv_bias": True,
+                           "layer_norm_epsilon": 1e-5, "tie_word_embeddings": False},
+    "lfm2-1.2b": _cfg("lfm2", 2048, 16, 32, 8, 12288, 65536, full_attn_idxs=[2, 5, 8, 10, 12, 14], conv_L_cache=3,
+                      conv_bias=False, block_auto_adjust_ff_dim=True, block_ffn_dim_multiplier=1.0,
+                      block_multiple_of=256, norm_eps=1e-5, rope_theta=1000000.0, max_position_embeddings=128000,
+                      tie_word_embeddings=True),
 }
 
 
@@ -176,18 +203,23 @@ FAMILY_PRESETS: dict[str, str] = {
 def tiny(name: str, *, hidden: int = 64, layers: int = 2, vocab: int = 128, window: int = 8) -> dict[str, Any]:
     """A preset at toy size with its structure kept: 4 query heads with the preset's GQA ratio
     (1, 2 or 4 KV heads), head dim hidden/4, 2x hidden MLP, 4 experts (top 2), MLA ranks of 32,
-    a sliding window of ``window`` tokens (so a 32-token continuation crosses it), every layer
-    kind still present. Random-init only: the values say nothing about the real model."""
+    a sliding window of ``window`` tokens (so a 32-token continuation crosses it), state-space and
+    linear-attention mixers of 16-wide heads, every layer kind still present (a hybrid's attention
+    and other layers alternate). Random-init only: the values say nothing about the real model."""
     cfg = preset(name)
+    cfg.update(hidden_size=hidden, num_hidden_layers=layers, vocab_size=vocab, pad_token_id=None, bos_token_id=1,
+               eos_token_id=2)
     heads = 4
-    ratio = max(1, cfg["num_attention_heads"] // cfg.get("num_key_value_heads", cfg["num_attention_heads"]))
-    cfg.update(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-               num_key_value_heads=max(1, heads // min(ratio, heads)), intermediate_size=2 * hidden, vocab_size=vocab,
-               head_dim=hidden // heads, pad_token_id=None, bos_token_id=1, eos_token_id=2)
+    if "num_attention_heads" in cfg:
+        ratio = max(1, cfg["num_attention_heads"] // cfg.get("num_key_value_heads", cfg["num_attention_heads"]))
+        cfg.update(num_attention_heads=heads, num_key_value_heads=max(1, heads // min(ratio, heads)),
+                   intermediate_size=2 * hidden, head_dim=hidden // heads)
     if cfg.get("sliding_window"):
         cfg["sliding_window"] = window
-    if "layer_types" in cfg:
-        cfg["layer_types"] = (["sliding_attention", "full_attention"] * layers)[:layers]
+    if "layer_types" in cfg:  # every kind, in the order they first appear
+        kinds = list(dict.fromkeys(cfg["layer_types"]))
+        cfg["layer_types"] = (kinds * layers)[:layers]
+    _tiny_mixers(cfg, hidden, layers)
     if "sliding_window_pattern" in cfg:
         cfg["sliding_window_pattern"] = 2
     for k in ("num_local_experts", "num_experts", "n_routed_experts"):
@@ -207,6 +239,26 @@ def tiny(name: str, *, hidden: int = 64, layers: int = 2, vocab: int = 128, wind
     if cfg.get("model_type") == "gpt_oss":
         cfg["intermediate_size"] = hidden  # gpt-oss's experts are hidden wide
     return cfg
+
+
+def _tiny_mixers(cfg: dict[str, Any], hidden: int, layers: int) -> None:
+    """``tiny``'s sizes for the non-attention layers of a hybrid or state-space preset, in place."""
+    if "attn_layer_period" in cfg:  # Jamba: attention every other layer, experts in the others
+        cfg.update(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=0)
+    if "mamba_dt_rank" in cfg:
+        cfg["mamba_dt_rank"] = 8
+    if "time_step_rank" in cfg:
+        cfg["time_step_rank"] = 8
+    if cfg.get("model_type") == "mamba2":
+        cfg.update(head_dim=16, num_heads=cfg.get("expand", 2) * hidden // 16, n_groups=2, state_size=16)
+    if "full_attention_interval" in cfg:
+        cfg["full_attention_interval"] = 2
+    if "linear_num_key_heads" in cfg:
+        cfg.update(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16)
+    if "full_attn_idxs" in cfg:
+        cfg["full_attn_idxs"] = list(range(1, layers, 2))
+    if "block_multiple_of" in cfg:
+        cfg["block_multiple_of"] = 16
 
 
 # sizes for tiny_from_defaults: every field a config class may have that sets a dimension or a count
