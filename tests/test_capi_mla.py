@@ -21,13 +21,14 @@ from kernelset import capi
 from kernelset.core import registry
 from kernelset.core.tolerance import rel_err, tolerance
 
-from conftest import build_capi  # noqa: E402
 from capi_helpers import on_cuda  # noqa: E402
 
-if build_capi() == "no gcc to build the C library":
-    pytest.skip(build_capi(), allow_module_level=True)
-elif build_capi():
-    raise RuntimeError(build_capi())
+
+@pytest.fixture(autouse=True, scope="module")
+def _library(capi_library):
+    """Every test here calls the C library: built once per run by the session fixture (a failed
+    build fails the tests with its log)."""
+    return capi_library
 
 FP8 = torch.float8_e4m3fn
 REF = dict(backend="reference")

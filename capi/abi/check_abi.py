@@ -18,6 +18,10 @@
    (src/kernelset/capi/_abi.py) has every prototype (const erased, option structs as void *),
    the measured struct layouts, and the status and op constants.
 
+The header's declarations and the bindings' per-op surface are generated from one declaration
+(capi/abi/ksabi/ops.py, by capi/abi/generate.py, which freezes with ``--update``); this check still
+parses what is checked in, so a hand edit or a generator bug is caught all the same.
+
 Types are compared in one canonical spelling, Rust-like: ``const DLTensor *const *`` is
 ``*const *const DLTensor``, ``size_t`` is ``usize``, ``ks_stream_t`` is ``*mut void``, a function
 pointer is ``fn(a, b) -> r``. The header is read by a small parser for the C subset it uses

@@ -78,6 +78,7 @@ typedef struct {
 } DLTensor;
 #endif
 
+/* BEGIN GENERATED: declarations (capi/abi/generate.py, from capi/abi/ksabi/ops.py; do not edit) */
 /* ---- Versioning */
 #define KS_ABI_VERSION_MAJOR 1
 #define KS_ABI_VERSION_MINOR 1
@@ -92,16 +93,16 @@ typedef struct {
 typedef int32_t ks_status_t;
 enum {
   KS_OK = 0,
-  KS_ERR_INVALID_ARGUMENT = 1,  /* null pointer, negative or mismatched dim, bad option value */
+  KS_ERR_INVALID_ARGUMENT = 1,   /* null pointer, negative or mismatched dim, bad option value */
   KS_ERR_UNSUPPORTED_DTYPE = 2,
-  KS_ERR_UNSUPPORTED_SHAPE = 3, /* valid, but not a shape this op/build handles (e.g. head dim) */
-  KS_ERR_UNSUPPORTED_LAYOUT = 4,/* strides the op cannot honour */
-  KS_ERR_UNSUPPORTED_DEVICE = 5,/* device type this build cannot run on, or tensors on different devices */
-  KS_ERR_UNSUPPORTED_ARCH = 6,  /* a CUDA GPU with no kernel in this build for its architecture */
-  KS_ERR_CUDA = 7,              /* CUDA driver missing or a driver call failed */
+  KS_ERR_UNSUPPORTED_SHAPE = 3,  /* valid, but not a shape this op/build handles (e.g. head dim) */
+  KS_ERR_UNSUPPORTED_LAYOUT = 4, /* strides the op cannot honour */
+  KS_ERR_UNSUPPORTED_DEVICE = 5, /* device type this build cannot run on, or tensors on different devices */
+  KS_ERR_UNSUPPORTED_ARCH = 6,   /* a CUDA GPU with no kernel in this build for its architecture */
+  KS_ERR_CUDA = 7,               /* CUDA driver missing or a driver call failed */
   KS_ERR_OUT_OF_MEMORY = 8,
-  KS_ERR_NOT_IMPLEMENTED = 9,   /* declared op/variant not available in this build */
-  KS_ERR_VERSION = 10,          /* ks_get_api: no compatible table */
+  KS_ERR_NOT_IMPLEMENTED = 9,    /* declared op/variant not available in this build */
+  KS_ERR_VERSION = 10,           /* ks_get_api: no compatible table */
   KS_ERR_INTERNAL = 11
 };
 
@@ -131,41 +132,41 @@ enum {
   KS_OP_MERGE_ATTN_STATES = 19,
   KS_OP_FLASH_ATTENTION = 20,
   KS_OP_FLASH_ATTENTION_VARLEN = 21,
-  KS_OP_MLA_DECODE = 22          /* ABI 1.1 */
+  KS_OP_MLA_DECODE = 22 /* ABI 1.1 */
 };
 
 /* ---- Enumerated option values */
-enum { KS_NORM_CAST_LLAMA = 0, KS_NORM_CAST_GEMMA = 1 };   /* where rms_norm rounds (see ks.NormCast) */
-enum { KS_GELU_NONE = 0, KS_GELU_TANH = 1 };                /* gelu approximation */
+enum { KS_NORM_CAST_LLAMA = 0, KS_NORM_CAST_GEMMA = 1 }; /* where rms_norm rounds (see ks.NormCast) */
+enum { KS_GELU_NONE = 0, KS_GELU_TANH = 1 };             /* gelu approximation */
 enum { KS_REDUCTION_NONE = 0, KS_REDUCTION_MEAN = 1, KS_REDUCTION_SUM = 2 };
 
 /* ---- Option structs (first field: size in bytes) */
 typedef struct {
   size_t size;
-  float eps;      /* default 1e-6 */
-  float offset;   /* default 0; 1 for Gemma's (1 + w) */
-  int32_t cast;   /* KS_NORM_CAST_*, default LLAMA */
+  float eps;     /* default 1e-6 */
+  float offset;  /* default 0; 1 for Gemma's (1 + w) */
+  int32_t cast;  /* KS_NORM_CAST_*, default LLAMA */
 } ks_rms_norm_options;
 
 typedef struct {
   size_t size;
-  float eps;      /* default 1e-5 */
+  float eps;  /* default 1e-5 */
 } ks_layer_norm_options;
 
 typedef struct {
   size_t size;
-  int32_t approximate; /* KS_GELU_*, default NONE */
+  int32_t approximate;  /* KS_GELU_*, default NONE */
 } ks_gelu_options;
 
 typedef struct {
   size_t size;
-  float alpha;    /* default 1.702 */
-  float limit;    /* default 7.0 */
+  float alpha;  /* default 1.702 */
+  float limit;  /* default 7.0 */
 } ks_swiglu_oai_options;
 
 typedef struct {
   size_t size;
-  float temperature; /* default 1.0; y = softmax(x / temperature) over the last dim */
+  float temperature;  /* default 1.0; y = softmax(x / temperature) over the last dim */
 } ks_softmax_options;
 
 typedef struct {
@@ -189,15 +190,15 @@ typedef struct {
   int32_t interleaved;
   int32_t rotary_dim;
   int32_t head_size;
-  int32_t mrope_section[3];  /* t, h, w sections (pairs); required */
-  int32_t mrope_interleaved; /* 0: sections contiguous (Qwen2-VL), 1: interleaved (Qwen3-VL) */
+  int32_t mrope_section[3];   /* t, h, w sections (pairs); required */
+  int32_t mrope_interleaved;  /* 0: sections contiguous (Qwen2-VL), 1: interleaved (Qwen3-VL) */
 } ks_mrope_options;
 
 typedef struct {
   size_t size;
-  float eps;       /* default 1e-6 */
-  float offset;    /* default 0 */
-  int32_t cast;    /* KS_NORM_CAST_*, default LLAMA */
+  float eps;                 /* default 1e-6 */
+  float offset;              /* default 0 */
+  int32_t cast;              /* KS_NORM_CAST_*, default LLAMA */
   int32_t interleaved;
   int32_t rotary_dim;
   int32_t head_size;
@@ -207,24 +208,24 @@ typedef struct {
 
 typedef struct {
   size_t size;
-  float scale;          /* 0 = 1/sqrt(D) (default) */
-  int32_t causal;       /* default 1 for paged, 0 for flash */
-  int32_t window_left;  /* -1 = unbounded (default) */
-  int32_t window_right; /* -1 = unbounded (default) */
-  float softcap;        /* 0 = none (default) */
+  float scale;           /* 0 = 1/sqrt(D) (default) */
+  int32_t causal;        /* default 1 for paged, 0 for flash */
+  int32_t window_left;   /* -1 = unbounded (default) */
+  int32_t window_right;  /* -1 = unbounded (default) */
+  float softcap;         /* 0 = none (default) */
 } ks_attention_options;
 
-typedef struct {            /* ABI 1.1 */
+typedef struct { /* ABI 1.1 */
   size_t size;
-  double scale;             /* required, > 0 (0, the default, is refused): DeepSeek's softmax scale */
-  int32_t kv_lora_rank;     /* default 512; must equal q_nope's last dim */
-  int32_t rope_dim;         /* default 64; must equal q_pe's last dim */
+  double scale;          /* required, > 0 (0, the default, is refused): DeepSeek's softmax scale */
+  int32_t kv_lora_rank;  /* default 512; must equal q_nope's last dim */
+  int32_t rope_dim;      /* default 64; must equal q_pe's last dim */
 } ks_mla_options;
 
 /* ---- Library */
-KS_API const char *ks_last_error(void);            /* this thread's last error message; "" if none */
-KS_API const char *ks_status_name(ks_status_t s);  /* "KS_ERR_INVALID_ARGUMENT" ... */
-KS_API const char *ks_build_info(void);            /* "kernelset 0.1.0; abi 1.1; cuda: sm_80 sm_89 sm_90 +ptx" */
+KS_API const char *ks_last_error(void);           /* this thread's last error message; "" if none */
+KS_API const char *ks_status_name(ks_status_t s); /* "KS_ERR_INVALID_ARGUMENT" ... */
+KS_API const char *ks_build_info(void);           /* "kernelset 0.1.0; abi 1.1; cuda: sm_80 sm_89 sm_90 +ptx" */
 KS_API void ks_abi_version(int32_t *major, int32_t *minor);
 KS_API ks_status_t ks_options_init(ks_op_t op, void *options, size_t size); /* sets size and defaults */
 
@@ -239,11 +240,10 @@ KS_API ks_status_t ks_query_support(ks_op_t op, const DLTensor *const *tensors, 
 KS_API ks_status_t ks_rms_norm(const DLTensor *x, const DLTensor *weight, DLTensor *out,
                                const ks_rms_norm_options *options, ks_stream_t stream);
 /* h = x + residual is written into residual, out = rms_norm(h). out may alias x (in place). */
-KS_API ks_status_t ks_fused_add_rms_norm(const DLTensor *x, DLTensor *residual, const DLTensor *weight,
-                                         DLTensor *out, const ks_rms_norm_options *options,
-                                         ks_stream_t stream);
-KS_API ks_status_t ks_layer_norm(const DLTensor *x, const DLTensor *weight, const DLTensor *bias,
-                                 DLTensor *out, const ks_layer_norm_options *options, ks_stream_t stream);
+KS_API ks_status_t ks_fused_add_rms_norm(const DLTensor *x, DLTensor *residual, const DLTensor *weight, DLTensor *out,
+                                         const ks_rms_norm_options *options, ks_stream_t stream);
+KS_API ks_status_t ks_layer_norm(const DLTensor *x, const DLTensor *weight, const DLTensor *bias, DLTensor *out,
+                                 const ks_layer_norm_options *options, ks_stream_t stream);
 
 /* ---- Activations. x [..., 2I] -> out [..., I] (gate first half, up second half). */
 KS_API ks_status_t ks_silu_and_mul(const DLTensor *x, DLTensor *out, ks_stream_t stream);
@@ -256,8 +256,7 @@ KS_API ks_status_t ks_swiglu_oai(const DLTensor *x, DLTensor *out, const ks_swig
                                  ks_stream_t stream);
 
 /* ---- Softmax over the last dim. out like x (float32, float16 or bfloat16). */
-KS_API ks_status_t ks_softmax(const DLTensor *x, DLTensor *out, const ks_softmax_options *options,
-                              ks_stream_t stream);
+KS_API ks_status_t ks_softmax(const DLTensor *x, DLTensor *out, const ks_softmax_options *options, ks_stream_t stream);
 KS_API ks_status_t ks_log_softmax(const DLTensor *x, DLTensor *out, const ks_softmax_options *options,
                                   ks_stream_t stream);
 
@@ -289,8 +288,8 @@ KS_API ks_status_t ks_qk_norm_rope(DLTensor *q, DLTensor *k, const DLTensor *q_w
  * key/value [T, Hkv, D]; slot_mapping [T] int32/int64, -1 skips a token. k_scale/v_scale:
  * float32 scalars (0-d or [1]) for fp8 caches, else NULL. */
 KS_API ks_status_t ks_reshape_and_cache(const DLTensor *key, const DLTensor *value, DLTensor *k_cache,
-                                        DLTensor *v_cache, const DLTensor *slot_mapping,
-                                        const DLTensor *k_scale, const DLTensor *v_scale, ks_stream_t stream);
+                                        DLTensor *v_cache, const DLTensor *slot_mapping, const DLTensor *k_scale,
+                                        const DLTensor *v_scale, ks_stream_t stream);
 /* block_mapping [N, 2] int64 (src, dst) pairs; copies both caches of each of num_layers layers. The pairs
  * run in parallel: a destination may be neither another pair's source nor repeated (a block copied
  * onto itself is fine). */
@@ -303,8 +302,8 @@ KS_API ks_status_t ks_copy_blocks(DLTensor *const *k_caches, DLTensor *const *v_
  * sinks [Hq] float32 or NULL. max_seq_len bounds seq_lens (0 = the block table's capacity).
  * workspace: a uint8 CUDA tensor of ks_paged_attention_workspace_size() bytes enables split-KV
  * (flash-decoding) for long sequences; NULL runs one pass per sequence. Graph-capturable. */
-KS_API ks_status_t ks_paged_attention_workspace_size(const DLTensor *q, const DLTensor *k_cache,
-                                                     int64_t max_seq_len, size_t *bytes);
+KS_API ks_status_t ks_paged_attention_workspace_size(const DLTensor *q, const DLTensor *k_cache, int64_t max_seq_len,
+                                                     size_t *bytes);
 KS_API ks_status_t ks_paged_attention(const DLTensor *q, const DLTensor *k_cache, const DLTensor *v_cache,
                                       const DLTensor *block_table, const DLTensor *seq_lens,
                                       const DLTensor *cu_seqlens_q, int64_t max_seqlen_q, int64_t max_seq_len,
@@ -315,9 +314,9 @@ KS_API ks_status_t ks_paged_attention(const DLTensor *q, const DLTensor *k_cache
 KS_API ks_status_t ks_merge_attn_states(const DLTensor *out_a, const DLTensor *lse_a, const DLTensor *out_b,
                                         const DLTensor *lse_b, DLTensor *out, DLTensor *lse, ks_stream_t stream);
 /* dense: q [B, S, Hq, D], k/v [B, Sk, Hkv, D(v)]; out [B, S, Hq, Dv]; lse [B, Hq, S] or NULL. */
-KS_API ks_status_t ks_flash_attention(const DLTensor *q, const DLTensor *k, const DLTensor *v,
-                                      const DLTensor *sinks, DLTensor *out, DLTensor *lse,
-                                      const ks_attention_options *options, ks_stream_t stream);
+KS_API ks_status_t ks_flash_attention(const DLTensor *q, const DLTensor *k, const DLTensor *v, const DLTensor *sinks,
+                                      DLTensor *out, DLTensor *lse, const ks_attention_options *options,
+                                      ks_stream_t stream);
 /* varlen: q [T, Hq, D], k/v [Tk, Hkv, D(v)], cu_seqlens_q/k [B+1] int32; lse [Hq, T] or NULL. */
 KS_API ks_status_t ks_flash_attention_varlen(const DLTensor *q, const DLTensor *k, const DLTensor *v,
                                              const DLTensor *cu_seqlens_q, const DLTensor *cu_seqlens_k,
@@ -338,8 +337,8 @@ KS_API ks_status_t ks_flash_attention_varlen(const DLTensor *q, const DLTensor *
  * itself (stream-ordered), so a captured call needs no warm-up and replays on any stream. */
 KS_API ks_status_t ks_mla_decode(const DLTensor *q_nope, const DLTensor *q_pe, const DLTensor *kv_cache,
                                  const DLTensor *block_table, const DLTensor *seq_lens, int64_t max_seq_len,
-                                 const DLTensor *kv_scale, DLTensor *out, DLTensor *lse,
-                                 const ks_mla_options *options, ks_stream_t stream);
+                                 const DLTensor *kv_scale, DLTensor *out, DLTensor *lse, const ks_mla_options *options,
+                                 ks_stream_t stream);
 
 /* ---- The function table: the one entry point a dynamic loader needs. Fields are appended
  * within a major version; check `size` before using a field added in a later minor. */
@@ -367,8 +366,8 @@ typedef struct {
   ks_status_t (*cross_entropy)(const DLTensor *, const DLTensor *, DLTensor *, const ks_cross_entropy_options *,
                                ks_stream_t);
   ks_status_t (*embedding)(const DLTensor *, const DLTensor *, DLTensor *, ks_stream_t);
-  ks_status_t (*rotary_embedding)(const DLTensor *, DLTensor *, DLTensor *, const DLTensor *,
-                                  const ks_rope_options *, ks_stream_t);
+  ks_status_t (*rotary_embedding)(const DLTensor *, DLTensor *, DLTensor *, const DLTensor *, const ks_rope_options *,
+                                  ks_stream_t);
   ks_status_t (*mrope)(const DLTensor *, DLTensor *, DLTensor *, const DLTensor *, const ks_mrope_options *,
                        ks_stream_t);
   ks_status_t (*qk_norm_rope)(DLTensor *, DLTensor *, const DLTensor *, const DLTensor *, const DLTensor *,
@@ -381,19 +380,20 @@ typedef struct {
                                  const DLTensor *, const DLTensor *, int64_t, int64_t, const DLTensor *,
                                  const DLTensor *, const DLTensor *, DLTensor *, DLTensor *, DLTensor *,
                                  const ks_attention_options *, ks_stream_t);
-  ks_status_t (*merge_attn_states)(const DLTensor *, const DLTensor *, const DLTensor *, const DLTensor *,
-                                   DLTensor *, DLTensor *, ks_stream_t);
-  ks_status_t (*flash_attention)(const DLTensor *, const DLTensor *, const DLTensor *, const DLTensor *,
-                                 DLTensor *, DLTensor *, const ks_attention_options *, ks_stream_t);
+  ks_status_t (*merge_attn_states)(const DLTensor *, const DLTensor *, const DLTensor *, const DLTensor *, DLTensor *,
+                                   DLTensor *, ks_stream_t);
+  ks_status_t (*flash_attention)(const DLTensor *, const DLTensor *, const DLTensor *, const DLTensor *, DLTensor *,
+                                 DLTensor *, const ks_attention_options *, ks_stream_t);
   ks_status_t (*flash_attention_varlen)(const DLTensor *, const DLTensor *, const DLTensor *, const DLTensor *,
-                                        const DLTensor *, int64_t, int64_t, const DLTensor *, DLTensor *,
-                                        DLTensor *, const ks_attention_options *, ks_stream_t);
-  ks_status_t (*mla_decode)(const DLTensor *, const DLTensor *, const DLTensor *, const DLTensor *,
-                            const DLTensor *, int64_t, const DLTensor *, DLTensor *, DLTensor *,
-                            const ks_mla_options *, ks_stream_t); /* ABI 1.1 */
+                                        const DLTensor *, int64_t, int64_t, const DLTensor *, DLTensor *, DLTensor *,
+                                        const ks_attention_options *, ks_stream_t);
+  ks_status_t (*mla_decode)(const DLTensor *, const DLTensor *, const DLTensor *, const DLTensor *, const DLTensor *,
+                            int64_t, const DLTensor *, DLTensor *, DLTensor *, const ks_mla_options *,
+                            ks_stream_t); /* ABI 1.1 */
 } ks_api_t;
 
 /* Fills *table with the newest table of ABI `major` whose minor >= min_minor. */
 KS_API ks_status_t ks_get_api(int32_t major, int32_t min_minor, const ks_api_t **table);
+/* END GENERATED: declarations */
 
 #endif /* KERNELSET_H_ */

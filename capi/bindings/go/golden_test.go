@@ -105,140 +105,26 @@ func opOf(name string) (Op, bool) {
 	return 0, false
 }
 
-// runCase calls QuerySupport then the op.
+// runCase calls QuerySupport then the op: through callGenerated (golden_calls_test.go, generated
+// from the ABI's declaration), or here for the ops whose wrappers are written by hand.
 func runCase(c goldenCase, ts map[string]*Tensor, order []*Tensor) error {
 	op, ok := opOf(c.Op)
 	if !ok {
 		return fmt.Errorf("unknown op %s", c.Op)
 	}
-	var options Options
-	o := &opts{m: c.Options, used: map[string]bool{}}
-	var (
-		rms  *RmsNormOptions
-		ln   *LayerNormOptions
-		gl   *GeluOptions
-		oai  *SwigluOaiOptions
-		sm   *SoftmaxOptions
-		ce   *CrossEntropyOptions
-		rope *RopeOptions
-		mr   *MropeOptions
-		qk   *QkNormRopeOptions
-		at   *AttentionOptions
-		ml   *MlaOptions
-		err  error
-	)
-	if c.Options != nil {
-		switch op {
-		case OpRmsNorm, OpFusedAddRmsNorm:
-			if rms, err = NewRmsNormOptions(op); err == nil {
-				rms.Eps, rms.Offset, rms.Cast = o.f32("eps"), o.f32("offset"), o.i32("cast")
-				options = rms
-			}
-		case OpLayerNorm:
-			if ln, err = NewLayerNormOptions(op); err == nil {
-				ln.Eps = o.f32("eps")
-				options = ln
-			}
-		case OpGelu, OpGeluAndMul:
-			if gl, err = NewGeluOptions(op); err == nil {
-				gl.Approximate = o.i32("approximate")
-				options = gl
-			}
-		case OpSwigluOai:
-			if oai, err = NewSwigluOaiOptions(op); err == nil {
-				oai.Alpha, oai.Limit = o.f32("alpha"), o.f32("limit")
-				options = oai
-			}
-		case OpSoftmax, OpLogSoftmax:
-			if sm, err = NewSoftmaxOptions(op); err == nil {
-				sm.Temperature = o.f32("temperature")
-				options = sm
-			}
-		case OpCrossEntropy:
-			if ce, err = NewCrossEntropyOptions(op); err == nil {
-				ce.IgnoreIndex, ce.Reduction = o.i64("ignore_index"), o.i32("reduction")
-				ce.LabelSmoothing, ce.ZLoss, ce.Softcap = o.f32("label_smoothing"), o.f32("z_loss"), o.f32("softcap")
-				options = ce
-			}
-		case OpRotaryEmbedding:
-			if rope, err = NewRopeOptions(op); err == nil {
-				rope.Interleaved, rope.RotaryDim, rope.HeadSize = o.i32("interleaved"), o.i32("rotary_dim"), o.i32("head_size")
-				options = rope
-			}
-		case OpMrope:
-			if mr, err = NewMropeOptions(op); err == nil {
-				mr.Interleaved, mr.RotaryDim, mr.HeadSize = o.i32("interleaved"), o.i32("rotary_dim"), o.i32("head_size")
-				mr.MropeSection, mr.MropeInterleaved = o.sec("mrope_section"), o.i32("mrope_interleaved")
-				options = mr
-			}
-		case OpQkNormRope:
-			if qk, err = NewQkNormRopeOptions(op); err == nil {
-				qk.Eps, qk.Offset, qk.Cast = o.f32("eps"), o.f32("offset"), o.i32("cast")
-				qk.Interleaved, qk.RotaryDim, qk.HeadSize = o.i32("interleaved"), o.i32("rotary_dim"), o.i32("head_size")
-				qk.MropeSection, qk.MropeInterleaved = o.sec("mrope_section"), o.i32("mrope_interleaved")
-				options = qk
-			}
-		case OpPagedAttention, OpFlashAttention, OpFlashAttentionVarlen:
-			if at, err = NewAttentionOptions(op); err == nil {
-				at.Scale, at.Causal, at.Softcap = o.f32("scale"), o.i32("causal"), o.f32("softcap")
-				at.WindowLeft, at.WindowRight = o.i32("window_left"), o.i32("window_right")
-				options = at
-			}
-		case OpMlaDecode:
-			if ml, err = NewMlaOptions(op); err == nil {
-				ml.Scale, ml.KvLoraRank, ml.RopeDim = o.f64("scale"), o.i32("kv_lora_rank"), o.i32("rope_dim")
-				options = ml
-			}
-		default:
-			return fmt.Errorf("options for %s, which takes none", c.Op)
-		}
-		if err != nil {
-			return err
-		}
-		if err := o.finish(); err != nil {
-			return err
-		}
-	}
-	if err := QuerySupport(op, order, options); err != nil {
-		return fmt.Errorf("query_support: %w", err)
-	}
 	t := func(n string) *Tensor { return ts[n] }
+	if handled, err := callGenerated(op, c, t, order); handled {
+		return err
+	}
 	s := Stream(nil)
 	switch op {
-	case OpRmsNorm:
-		return RmsNorm(t("x"), t("weight"), t("out"), rms, s)
-	case OpFusedAddRmsNorm:
-		return FusedAddRmsNorm(t("x"), t("residual"), t("weight"), t("out"), rms, s)
-	case OpLayerNorm:
-		return LayerNorm(t("x"), t("weight"), t("bias"), t("out"), ln, s)
-	case OpSiluAndMul:
-		return SiluAndMul(t("x"), t("out"), s)
-	case OpGeluAndMul:
-		return GeluAndMul(t("x"), t("out"), gl, s)
-	case OpSwiglu:
-		return Swiglu(t("gate"), t("up"), t("out"), s)
-	case OpGelu:
-		return Gelu(t("x"), t("out"), gl, s)
-	case OpSwigluOai:
-		return SwigluOai(t("x"), t("out"), oai, s)
-	case OpSoftmax:
-		return Softmax(t("x"), t("out"), sm, s)
-	case OpLogSoftmax:
-		return LogSoftmax(t("x"), t("out"), sm, s)
-	case OpCrossEntropy:
-		return CrossEntropy(t("logits"), t("target"), t("loss"), ce, s)
-	case OpEmbedding:
-		return Embedding(t("ids"), t("weight"), t("out"), s)
-	case OpRotaryEmbedding:
-		return RotaryEmbedding(t("positions"), t("q"), t("k"), t("cos_sin_cache"), rope, s)
-	case OpMrope:
-		return Mrope(t("positions"), t("q"), t("k"), t("cos_sin_cache"), mr, s)
-	case OpQkNormRope:
-		return QkNormRope(t("q"), t("k"), t("q_weight"), t("k_weight"), t("cos_sin_cache"), t("positions"), qk, s)
-	case OpReshapeAndCache:
-		return ReshapeAndCache(t("key"), t("value"), t("k_cache"), t("v_cache"), t("slot_mapping"), t("k_scale"),
-			t("v_scale"), s)
 	case OpCopyBlocks:
+		if c.Options != nil {
+			return fmt.Errorf("options for %s, which takes none", c.Op)
+		}
+		if err := QuerySupport(op, order, nil); err != nil {
+			return fmt.Errorf("query_support: %w", err)
+		}
 		n := int(c.Scalars["num_layers"])
 		var kc, vc []*Tensor
 		for i := 0; i < n; i++ {
@@ -247,6 +133,16 @@ func runCase(c goldenCase, ts map[string]*Tensor, order []*Tensor) error {
 		}
 		return CopyBlocks(kc, vc, t("block_mapping"), s)
 	case OpPagedAttention:
+		var at *AttentionOptions
+		if c.Options != nil {
+			var err error
+			if at, err = readAttentionOptions(op, &opts{m: c.Options, used: map[string]bool{}}); err != nil {
+				return err
+			}
+		}
+		if err := QuerySupport(op, order, at); err != nil {
+			return fmt.Errorf("query_support: %w", err)
+		}
 		ws, err := PagedAttentionWorkspaceSize(t("q"), t("k_cache"), c.Scalars["max_seq_len"])
 		if err != nil {
 			return err
@@ -258,16 +154,6 @@ func runCase(c goldenCase, ts map[string]*Tensor, order []*Tensor) error {
 			SeqLens: t("seq_lens"), CuSeqlensQ: t("cu_seqlens_q"), Sinks: t("sinks"), KScale: t("k_scale"),
 			VScale: t("v_scale"), MaxSeqlenQ: c.Scalars["max_seqlen_q"], MaxSeqLen: c.Scalars["max_seq_len"]}
 		return PagedAttention(in, t("out"), t("lse"), t("workspace"), at, s)
-	case OpMergeAttnStates:
-		return MergeAttnStates(t("out_a"), t("lse_a"), t("out_b"), t("lse_b"), t("out"), t("lse"), s)
-	case OpFlashAttention:
-		return FlashAttention(t("q"), t("k"), t("v"), t("sinks"), t("out"), t("lse"), at, s)
-	case OpFlashAttentionVarlen:
-		return FlashAttentionVarlen(t("q"), t("k"), t("v"), t("cu_seqlens_q"), t("cu_seqlens_k"),
-			c.Scalars["max_seqlen_q"], c.Scalars["max_seqlen_k"], t("sinks"), t("out"), t("lse"), at, s)
-	case OpMlaDecode:
-		return MlaDecode(t("q_nope"), t("q_pe"), t("kv_cache"), t("block_table"), t("seq_lens"),
-			c.Scalars["max_seq_len"], t("kv_scale"), t("out"), t("lse"), ml, s)
 	}
 	return fmt.Errorf("no call for %s", c.Op)
 }

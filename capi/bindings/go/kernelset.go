@@ -92,62 +92,14 @@ func ABIVersion() (major, minor int32) {
 	return int32(ma), int32(mi)
 }
 
-// Op is a ks_op_t.
-type Op int32
-
-const (
-	OpRmsNorm              Op = C.KS_OP_RMS_NORM
-	OpFusedAddRmsNorm      Op = C.KS_OP_FUSED_ADD_RMS_NORM
-	OpLayerNorm            Op = C.KS_OP_LAYER_NORM
-	OpSiluAndMul           Op = C.KS_OP_SILU_AND_MUL
-	OpGeluAndMul           Op = C.KS_OP_GELU_AND_MUL
-	OpSwiglu               Op = C.KS_OP_SWIGLU
-	OpGelu                 Op = C.KS_OP_GELU
-	OpSwigluOai            Op = C.KS_OP_SWIGLU_OAI
-	OpSoftmax              Op = C.KS_OP_SOFTMAX
-	OpLogSoftmax           Op = C.KS_OP_LOG_SOFTMAX
-	OpCrossEntropy         Op = C.KS_OP_CROSS_ENTROPY
-	OpEmbedding            Op = C.KS_OP_EMBEDDING
-	OpRotaryEmbedding      Op = C.KS_OP_ROTARY_EMBEDDING
-	OpMrope                Op = C.KS_OP_MROPE
-	OpQkNormRope           Op = C.KS_OP_QK_NORM_ROPE
-	OpReshapeAndCache      Op = C.KS_OP_RESHAPE_AND_CACHE
-	OpCopyBlocks           Op = C.KS_OP_COPY_BLOCKS
-	OpPagedAttention       Op = C.KS_OP_PAGED_ATTENTION
-	OpMergeAttnStates      Op = C.KS_OP_MERGE_ATTN_STATES
-	OpFlashAttention       Op = C.KS_OP_FLASH_ATTENTION
-	OpFlashAttentionVarlen Op = C.KS_OP_FLASH_ATTENTION_VARLEN
-	OpMlaDecode            Op = C.KS_OP_MLA_DECODE
-)
-
-// OpNames maps each op to its C name without the ks_ prefix, in id order.
-var OpNames = []struct {
-	Op   Op
-	Name string
-}{
-	{OpRmsNorm, "rms_norm"}, {OpFusedAddRmsNorm, "fused_add_rms_norm"}, {OpLayerNorm, "layer_norm"},
-	{OpSiluAndMul, "silu_and_mul"}, {OpGeluAndMul, "gelu_and_mul"}, {OpSwiglu, "swiglu"}, {OpGelu, "gelu"},
-	{OpSwigluOai, "swiglu_oai"}, {OpSoftmax, "softmax"}, {OpLogSoftmax, "log_softmax"},
-	{OpCrossEntropy, "cross_entropy"}, {OpEmbedding, "embedding"}, {OpRotaryEmbedding, "rotary_embedding"},
-	{OpMrope, "mrope"}, {OpQkNormRope, "qk_norm_rope"}, {OpReshapeAndCache, "reshape_and_cache"},
-	{OpCopyBlocks, "copy_blocks"}, {OpPagedAttention, "paged_attention"}, {OpMergeAttnStates, "merge_attn_states"},
-	{OpFlashAttention, "flash_attention"}, {OpFlashAttentionVarlen, "flash_attention_varlen"},
-	{OpMlaDecode, "mla_decode"},
-}
-
-// Enumerated option values.
-const (
-	NormCastLlama = C.KS_NORM_CAST_LLAMA
-	NormCastGemma = C.KS_NORM_CAST_GEMMA
-	GeluNone      = C.KS_GELU_NONE
-	GeluTanh      = C.KS_GELU_TANH
-	ReductionNone = C.KS_REDUCTION_NONE
-	ReductionMean = C.KS_REDUCTION_MEAN
-	ReductionSum  = C.KS_REDUCTION_SUM
-)
-
 // Stream is a CUDA stream (CUstream); nil is the legacy default stream. CPU calls ignore it.
 type Stream unsafe.Pointer
+
+// apiPair is a function field of ks_api_t and the linked symbol it must hold (apiPairs, in generated.go).
+type apiPair struct {
+	name      string
+	got, want unsafe.Pointer
+}
 
 // VerifyAPITable checks that ks_get_api's table of this major version is the linked library:
 // its size, versions, and every function pointer equal to the symbol of the same name.
@@ -160,42 +112,7 @@ func VerifyAPITable() error {
 		return fmt.Errorf("ks_api_t: size %d, abi %d.%d; this package expects %d bytes of abi %d.%d",
 			t.size, t.abi_major, t.abi_minor, unsafe.Sizeof(*t), ABIMajor, ABIMinor)
 	}
-	pairs := []struct {
-		name      string
-		got, want unsafe.Pointer
-	}{
-		{"last_error", unsafe.Pointer(t.last_error), unsafe.Pointer(C.ks_last_error)},
-		{"status_name", unsafe.Pointer(t.status_name), unsafe.Pointer(C.ks_status_name)},
-		{"build_info", unsafe.Pointer(t.build_info), unsafe.Pointer(C.ks_build_info)},
-		{"options_init", unsafe.Pointer(t.options_init), unsafe.Pointer(C.ks_options_init)},
-		{"query_support", unsafe.Pointer(t.query_support), unsafe.Pointer(C.ks_query_support)},
-		{"rms_norm", unsafe.Pointer(t.rms_norm), unsafe.Pointer(C.ks_rms_norm)},
-		{"fused_add_rms_norm", unsafe.Pointer(t.fused_add_rms_norm), unsafe.Pointer(C.ks_fused_add_rms_norm)},
-		{"layer_norm", unsafe.Pointer(t.layer_norm), unsafe.Pointer(C.ks_layer_norm)},
-		{"silu_and_mul", unsafe.Pointer(t.silu_and_mul), unsafe.Pointer(C.ks_silu_and_mul)},
-		{"gelu_and_mul", unsafe.Pointer(t.gelu_and_mul), unsafe.Pointer(C.ks_gelu_and_mul)},
-		{"swiglu", unsafe.Pointer(t.swiglu), unsafe.Pointer(C.ks_swiglu)},
-		{"gelu", unsafe.Pointer(t.gelu), unsafe.Pointer(C.ks_gelu)},
-		{"swiglu_oai", unsafe.Pointer(t.swiglu_oai), unsafe.Pointer(C.ks_swiglu_oai)},
-		{"softmax", unsafe.Pointer(t.softmax), unsafe.Pointer(C.ks_softmax)},
-		{"log_softmax", unsafe.Pointer(t.log_softmax), unsafe.Pointer(C.ks_log_softmax)},
-		{"cross_entropy", unsafe.Pointer(t.cross_entropy), unsafe.Pointer(C.ks_cross_entropy)},
-		{"embedding", unsafe.Pointer(t.embedding), unsafe.Pointer(C.ks_embedding)},
-		{"rotary_embedding", unsafe.Pointer(t.rotary_embedding), unsafe.Pointer(C.ks_rotary_embedding)},
-		{"mrope", unsafe.Pointer(t.mrope), unsafe.Pointer(C.ks_mrope)},
-		{"qk_norm_rope", unsafe.Pointer(t.qk_norm_rope), unsafe.Pointer(C.ks_qk_norm_rope)},
-		{"reshape_and_cache", unsafe.Pointer(t.reshape_and_cache), unsafe.Pointer(C.ks_reshape_and_cache)},
-		{"copy_blocks", unsafe.Pointer(t.copy_blocks), unsafe.Pointer(C.ks_copy_blocks)},
-		{"paged_attention_workspace_size", unsafe.Pointer(t.paged_attention_workspace_size),
-			unsafe.Pointer(C.ks_paged_attention_workspace_size)},
-		{"paged_attention", unsafe.Pointer(t.paged_attention), unsafe.Pointer(C.ks_paged_attention)},
-		{"merge_attn_states", unsafe.Pointer(t.merge_attn_states), unsafe.Pointer(C.ks_merge_attn_states)},
-		{"flash_attention", unsafe.Pointer(t.flash_attention), unsafe.Pointer(C.ks_flash_attention)},
-		{"flash_attention_varlen", unsafe.Pointer(t.flash_attention_varlen),
-			unsafe.Pointer(C.ks_flash_attention_varlen)},
-		{"mla_decode", unsafe.Pointer(t.mla_decode), unsafe.Pointer(C.ks_mla_decode)},
-	}
-	for _, p := range pairs {
+	for _, p := range apiPairs(t) {
 		if p.got == nil || p.got != p.want {
 			return fmt.Errorf("ks_api_t.%s is %p, the linked ks_%s is %p", p.name, p.got, p.name, p.want)
 		}

@@ -6,12 +6,14 @@
 // TypedArrays (passed to C without copies) or raw device pointers. Every op throws a KsError
 // (status, statusName, message naming the argument) on failure.
 //
-// The declarations below are C prototypes and koffi structs written to match kernelset.h;
-// capi/abi/check_abi.py parses them and fails CI if any differs from the header.
+// The constants, koffi structs, C prototypes and op functions between "BEGIN GENERATED" and "END
+// GENERATED" are generated from the ABI's declaration (capi/abi/ksabi/ops.py) by
+// capi/abi/generate.py; capi/abi/check_abi.py parses them and fails CI if any differs from the header.
 
 const path = require('node:path');
 const koffi = require('koffi');
 
+// BEGIN GENERATED: constants (capi/abi/generate.py, from capi/abi/ksabi/ops.py; do not edit)
 const ABI_MAJOR = 1;
 const ABI_MINOR = 1;
 
@@ -65,6 +67,7 @@ const OPTION_VALUES = {
   KS_REDUCTION_MEAN: 1,
   KS_REDUCTION_SUM: 2,
 };
+// END GENERATED: constants
 
 const DL = {
   kDLCPU: 1,
@@ -98,8 +101,11 @@ const DLTensor = koffi.struct('DLTensor', {
   byte_offset: 'uint64_t',
 });
 
+// BEGIN GENERATED: option types (capi/abi/generate.py, from capi/abi/ksabi/ops.py; do not edit)
 const OPTION_TYPES = {
-  ks_rms_norm_options: koffi.struct('ks_rms_norm_options', { size: 'size_t', eps: 'float', offset: 'float', cast: 'int32_t' }),
+  ks_rms_norm_options: koffi.struct('ks_rms_norm_options', {
+    size: 'size_t', eps: 'float', offset: 'float', cast: 'int32_t',
+  }),
   ks_layer_norm_options: koffi.struct('ks_layer_norm_options', { size: 'size_t', eps: 'float' }),
   ks_gelu_options: koffi.struct('ks_gelu_options', { size: 'size_t', approximate: 'int32_t' }),
   ks_swiglu_oai_options: koffi.struct('ks_swiglu_oai_options', { size: 'size_t', alpha: 'float', limit: 'float' }),
@@ -127,11 +133,13 @@ const OPTION_TYPES = {
     size: 'size_t', scale: 'double', kv_lora_rank: 'int32_t', rope_dim: 'int32_t',
   }),
 };
+// END GENERATED: option types
 
+// BEGIN GENERATED: functions (capi/abi/generate.py, from capi/abi/ksabi/ops.py; do not edit)
 // Functions called as symbols: the table's entry point and what the table does not hold.
 const DIRECT_FUNCTIONS = [
-  'ks_status_t ks_get_api(int32_t major, int32_t min_minor, _Out_ const ks_api_t **table)',
   'void ks_abi_version(_Out_ int32_t *major, _Out_ int32_t *minor)',
+  'ks_status_t ks_get_api(int32_t major, int32_t min_minor, _Out_ const ks_api_t **table)',
 ];
 
 // ks_api_t, field by field.
@@ -168,6 +176,7 @@ const API_FIELDS = [
   'ks_status_t flash_attention_varlen(const DLTensor *q, const DLTensor *k, const DLTensor *v, const DLTensor *cu_seqlens_q, const DLTensor *cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, const DLTensor *sinks, DLTensor *out, DLTensor *lse, const ks_attention_options *options, ks_stream_t stream)',
   'ks_status_t mla_decode(const DLTensor *q_nope, const DLTensor *q_pe, const DLTensor *kv_cache, const DLTensor *block_table, const DLTensor *seq_lens, int64_t max_seq_len, const DLTensor *kv_scale, DLTensor *out, DLTensor *lse, const ks_mla_options *options, ks_stream_t stream)',
 ];
+// END GENERATED: functions
 
 // field name -> koffi prototype (function fields) ; the ks_api_t struct built from API_FIELDS
 const PROTOS = {};
@@ -335,6 +344,7 @@ function dl(t, name) {
 
 // ---- options
 
+// BEGIN GENERATED: options of (capi/abi/generate.py, from capi/abi/ksabi/ops.py; do not edit)
 const OPTIONS_OF = {
   rms_norm: 'ks_rms_norm_options',
   fused_add_rms_norm: 'ks_rms_norm_options',
@@ -353,6 +363,7 @@ const OPTIONS_OF = {
   flash_attention_varlen: 'ks_attention_options',
   mla_decode: 'ks_mla_options',
 };
+// END GENERATED: options of
 
 const OP_IDS = {};
 for (const [k, v] of Object.entries(OPS)) OP_IDS[k.slice('KS_OP_'.length).toLowerCase()] = v;
@@ -425,76 +436,135 @@ function querySupport(op, tensors, opts) {
 
 const f = () => api().fns;
 
+// BEGIN GENERATED: ops (capi/abi/generate.py, from capi/abi/ksabi/ops.py; do not edit)
+/** y = x * rsqrt(mean(x^2) + eps) * (offset + weight) over the last dim; x [..., H], out like x. */
 function rmsNorm(x, weight, out, opts = null, stream = null) {
   check(f().rms_norm(dl(x, 'x'), dl(weight, 'weight'), dl(out, 'out'), options('rms_norm', opts), stream));
 }
 
+/** h = x + residual (written into residual), out = rms_norm(h); out may be x (in place). */
 function fusedAddRmsNorm(x, residual, weight, out, opts = null, stream = null) {
   check(f().fused_add_rms_norm(dl(x, 'x'), dl(residual, 'residual'), dl(weight, 'weight'), dl(out, 'out'),
     options('fused_add_rms_norm', opts), stream));
 }
 
+/** y = (x - mean) * rsqrt(var + eps) * weight + bias over the last dim. */
 function layerNorm(x, weight, bias, out, opts = null, stream = null) {
-  check(f().layer_norm(dl(x, 'x'), dl(weight, 'weight'), dl(bias, 'bias'), dl(out, 'out'),
-    options('layer_norm', opts), stream));
+  check(f().layer_norm(dl(x, 'x'), dl(weight, 'weight'), dl(bias, 'bias'), dl(out, 'out'), options('layer_norm', opts),
+    stream));
 }
 
+/** x [..., 2I] -> out [..., I] = silu(gate) * up. */
 function siluAndMul(x, out, stream = null) {
   check(f().silu_and_mul(dl(x, 'x'), dl(out, 'out'), stream));
 }
 
+/** x [..., 2I] -> out [..., I] = gelu(gate) * up. */
 function geluAndMul(x, out, opts = null, stream = null) {
   check(f().gelu_and_mul(dl(x, 'x'), dl(out, 'out'), options('gelu_and_mul', opts), stream));
 }
 
+/** out = silu(gate) * up. */
 function swiglu(gate, up, out, stream = null) {
   check(f().swiglu(dl(gate, 'gate'), dl(up, 'up'), dl(out, 'out'), stream));
 }
 
+/** out = gelu(x) elementwise (erf, or tanh). */
 function gelu(x, out, opts = null, stream = null) {
   check(f().gelu(dl(x, 'x'), dl(out, 'out'), options('gelu', opts), stream));
 }
 
+/** gpt-oss: x [..., 2I] interleaved (gate, up) pairs -> out [..., I]. */
 function swigluOai(x, out, opts = null, stream = null) {
   check(f().swiglu_oai(dl(x, 'x'), dl(out, 'out'), options('swiglu_oai', opts), stream));
 }
 
+/** out = softmax(x / temperature) over the last dim. */
 function softmax(x, out, opts = null, stream = null) {
   check(f().softmax(dl(x, 'x'), dl(out, 'out'), options('softmax', opts), stream));
 }
 
+/** out = log_softmax(x / temperature) over the last dim. */
 function logSoftmax(x, out, opts = null, stream = null) {
   check(f().log_softmax(dl(x, 'x'), dl(out, 'out'), options('log_softmax', opts), stream));
 }
 
+/** logits [T, V], target [T] int32/int64 -> loss float32 ([T], or 0-d when reduced). */
 function crossEntropy(logits, target, loss, opts = null, stream = null) {
-  check(f().cross_entropy(dl(logits, 'logits'), dl(target, 'target'), dl(loss, 'loss'),
-    options('cross_entropy', opts), stream));
+  check(f().cross_entropy(dl(logits, 'logits'), dl(target, 'target'), dl(loss, 'loss'), options('cross_entropy', opts),
+    stream));
 }
 
+/** ids [...] int32/int64, weight [V, H] -> out [..., H]. */
 function embedding(ids, weight, out, stream = null) {
   check(f().embedding(dl(ids, 'ids'), dl(weight, 'weight'), dl(out, 'out'), stream));
 }
 
+/** RoPE in place on q and k (optional) at positions [T]. */
 function rotaryEmbedding(positions, q, k, cosSinCache, opts = null, stream = null) {
   check(f().rotary_embedding(dl(positions, 'positions'), dl(q, 'q'), dl(k, 'k'), dl(cosSinCache, 'cos_sin_cache'),
     options('rotary_embedding', opts), stream));
 }
 
+/** Multimodal RoPE (positions [3, T]) in place on q and k (optional). */
 function mrope(positions, q, k, cosSinCache, opts = null, stream = null) {
   check(f().mrope(dl(positions, 'positions'), dl(q, 'q'), dl(k, 'k'), dl(cosSinCache, 'cos_sin_cache'),
     options('mrope', opts), stream));
 }
 
+/** Per-head RMSNorm of q and k (weights [D]) then RoPE, in place. */
 function qkNormRope(q, k, qWeight, kWeight, cosSinCache, positions, opts = null, stream = null) {
   check(f().qk_norm_rope(dl(q, 'q'), dl(k, 'k'), dl(qWeight, 'q_weight'), dl(kWeight, 'k_weight'),
     dl(cosSinCache, 'cos_sin_cache'), dl(positions, 'positions'), options('qk_norm_rope', opts), stream));
 }
 
+/** Writes key/value [T, Hkv, D] into the paged caches at slot_mapping [T] (-1 skips). */
 function reshapeAndCache(key, value, kCache, vCache, slotMapping, kScale = null, vScale = null, stream = null) {
   check(f().reshape_and_cache(dl(key, 'key'), dl(value, 'value'), dl(kCache, 'k_cache'), dl(vCache, 'v_cache'),
     dl(slotMapping, 'slot_mapping'), dl(kScale, 'k_scale'), dl(vScale, 'v_scale'), stream));
 }
+
+/** Attention of q [B or T, Hq, D] to the paged caches; out like q, lse [T, Hq] (optional). */
+function pagedAttention(q, kCache, vCache, blockTable, seqLens, cuSeqlensQ, maxSeqlenQ, maxSeqLen, sinks, kScale,
+  vScale, out, lse = null, workspace = null, opts = null, stream = null) {
+  check(f().paged_attention(dl(q, 'q'), dl(kCache, 'k_cache'), dl(vCache, 'v_cache'), dl(blockTable, 'block_table'),
+    dl(seqLens, 'seq_lens'), dl(cuSeqlensQ, 'cu_seqlens_q'), maxSeqlenQ, maxSeqLen, dl(sinks, 'sinks'),
+    dl(kScale, 'k_scale'), dl(vScale, 'v_scale'), dl(out, 'out'), dl(lse, 'lse'), dl(workspace, 'workspace'),
+    options('paged_attention', opts), stream));
+}
+
+/** Attention over the union of two key sets from its parts: out [T, H, D], lse [T, H] (optional). */
+function mergeAttnStates(outA, lseA, outB, lseB, out, lse = null, stream = null) {
+  check(f().merge_attn_states(dl(outA, 'out_a'), dl(lseA, 'lse_a'), dl(outB, 'out_b'), dl(lseB, 'lse_b'),
+    dl(out, 'out'), dl(lse, 'lse'), stream));
+}
+
+/** Dense attention: q [B, S, Hq, D], k/v [B, Sk, Hkv, D(v)] -> out [B, S, Hq, Dv], lse [B, Hq, S]. */
+function flashAttention(q, k, v, sinks, out, lse = null, opts = null, stream = null) {
+  check(f().flash_attention(dl(q, 'q'), dl(k, 'k'), dl(v, 'v'), dl(sinks, 'sinks'), dl(out, 'out'), dl(lse, 'lse'),
+    options('flash_attention', opts), stream));
+}
+
+/** Packed sequences: q [T, Hq, D], k/v [Tk, Hkv, D(v)], cu_seqlens [B+1] int32 -> out, lse [Hq, T]. */
+function flashAttentionVarlen(q, k, v, cuSeqlensQ, cuSeqlensK, maxSeqlenQ, maxSeqlenK, sinks, out, lse = null,
+  opts = null, stream = null) {
+  check(f().flash_attention_varlen(dl(q, 'q'), dl(k, 'k'), dl(v, 'v'), dl(cuSeqlensQ, 'cu_seqlens_q'),
+    dl(cuSeqlensK, 'cu_seqlens_k'), maxSeqlenQ, maxSeqlenK, dl(sinks, 'sinks'), dl(out, 'out'), dl(lse, 'lse'),
+    options('flash_attention_varlen', opts), stream));
+}
+
+/** MLA decode (DeepSeek-V2/V3, weight-absorbed) over a paged latent cache: q_nope [B, H, R], q_pe [B, H, P], kv_cache
+ * [num_blocks, block_size, R + P] (fp8 e4m3fn with kv_scale) -> out [B, H, R], lse [B, H] (optional); the options must
+ * carry the scale (the defaults have none). */
+function mlaDecode(qNope, qPe, kvCache, blockTable, seqLens, maxSeqLen, kvScale, out, lse = null, opts = null,
+  stream = null) {
+  check(f().mla_decode(dl(qNope, 'q_nope'), dl(qPe, 'q_pe'), dl(kvCache, 'kv_cache'), dl(blockTable, 'block_table'),
+    dl(seqLens, 'seq_lens'), maxSeqLen, dl(kvScale, 'kv_scale'), dl(out, 'out'), dl(lse, 'lse'),
+    options('mla_decode', opts), stream));
+}
+// END GENERATED: ops
+
+// ---- the ops whose arguments are not one tensor, integer or option struct each (written by hand)
 
 function copyBlocks(kCaches, vCaches, blockMapping, stream = null) {
   if (kCaches.length !== vCaches.length) {
@@ -508,40 +578,6 @@ function pagedAttentionWorkspaceSize(q, kCache, maxSeqLen) {
   const bytes = [0];
   check(f().paged_attention_workspace_size(dl(q, 'q'), dl(kCache, 'k_cache'), maxSeqLen, bytes));
   return Number(bytes[0]);
-}
-
-function pagedAttention(q, kCache, vCache, blockTable, seqLens, cuSeqlensQ, maxSeqlenQ, maxSeqLen, sinks, kScale,
-  vScale, out, lse = null, workspace = null, opts = null, stream = null) {
-  check(f().paged_attention(dl(q, 'q'), dl(kCache, 'k_cache'), dl(vCache, 'v_cache'), dl(blockTable, 'block_table'),
-    dl(seqLens, 'seq_lens'), dl(cuSeqlensQ, 'cu_seqlens_q'), maxSeqlenQ, maxSeqLen, dl(sinks, 'sinks'),
-    dl(kScale, 'k_scale'), dl(vScale, 'v_scale'), dl(out, 'out'), dl(lse, 'lse'), dl(workspace, 'workspace'),
-    options('paged_attention', opts), stream));
-}
-
-function mergeAttnStates(outA, lseA, outB, lseB, out, lse = null, stream = null) {
-  check(f().merge_attn_states(dl(outA, 'out_a'), dl(lseA, 'lse_a'), dl(outB, 'out_b'), dl(lseB, 'lse_b'),
-    dl(out, 'out'), dl(lse, 'lse'), stream));
-}
-
-function flashAttention(q, k, v, sinks, out, lse = null, opts = null, stream = null) {
-  check(f().flash_attention(dl(q, 'q'), dl(k, 'k'), dl(v, 'v'), dl(sinks, 'sinks'), dl(out, 'out'), dl(lse, 'lse'),
-    options('flash_attention', opts), stream));
-}
-
-function flashAttentionVarlen(q, k, v, cuSeqlensQ, cuSeqlensK, maxSeqlenQ, maxSeqlenK, sinks, out, lse = null,
-  opts = null, stream = null) {
-  check(f().flash_attention_varlen(dl(q, 'q'), dl(k, 'k'), dl(v, 'v'), dl(cuSeqlensQ, 'cu_seqlens_q'),
-    dl(cuSeqlensK, 'cu_seqlens_k'), maxSeqlenQ, maxSeqlenK, dl(sinks, 'sinks'), dl(out, 'out'), dl(lse, 'lse'),
-    options('flash_attention_varlen', opts), stream));
-}
-
-/** DeepSeek MLA decode: qNope [B, H, R], qPe [B, H, P], kvCache [num_blocks, block_size, R + P]; opts.scale is
- * required (the library refuses its default 0). */
-function mlaDecode(qNope, qPe, kvCache, blockTable, seqLens, maxSeqLen, kvScale, out, lse = null, opts = null,
-  stream = null) {
-  check(f().mla_decode(dl(qNope, 'q_nope'), dl(qPe, 'q_pe'), dl(kvCache, 'kv_cache'), dl(blockTable, 'block_table'),
-    dl(seqLens, 'seq_lens'), maxSeqLen, dl(kvScale, 'kv_scale'), dl(out, 'out'), dl(lse, 'lse'),
-    options('mla_decode', opts), stream));
 }
 
 module.exports = {
@@ -563,6 +599,9 @@ module.exports = {
   getApi,
   defaultOptions,
   querySupport,
+  copyBlocks,
+  pagedAttentionWorkspaceSize,
+  // BEGIN GENERATED: exports (capi/abi/generate.py; do not edit)
   rmsNorm,
   fusedAddRmsNorm,
   layerNorm,
@@ -579,11 +618,10 @@ module.exports = {
   mrope,
   qkNormRope,
   reshapeAndCache,
-  copyBlocks,
-  pagedAttentionWorkspaceSize,
   pagedAttention,
   mergeAttnStates,
   flashAttention,
   flashAttentionVarlen,
   mlaDecode,
+  // END GENERATED: exports
 };

@@ -77,33 +77,7 @@ KS_API ks_status_t ks_query_support(ks_op_t op, const DLTensor *const *tensors, 
   ks_clear_error();
   if (num_tensors < 0) return ks_fail(KS_ERR_INVALID_ARGUMENT, "num_tensors: negative (%d)", (int)num_tensors);
   if (tensors == NULL && num_tensors > 0) return ks_fail(KS_ERR_INVALID_ARGUMENT, "tensors: NULL");
-  switch (op) {
-#define Q(id, name) case id: return ks_query_##name(tensors, num_tensors, options);
-    Q(KS_OP_RMS_NORM, rms_norm)
-    Q(KS_OP_FUSED_ADD_RMS_NORM, fused_add_rms_norm)
-    Q(KS_OP_LAYER_NORM, layer_norm)
-    Q(KS_OP_SILU_AND_MUL, silu_and_mul)
-    Q(KS_OP_GELU_AND_MUL, gelu_and_mul)
-    Q(KS_OP_SWIGLU, swiglu)
-    Q(KS_OP_GELU, gelu)
-    Q(KS_OP_SWIGLU_OAI, swiglu_oai)
-    Q(KS_OP_SOFTMAX, softmax)
-    Q(KS_OP_LOG_SOFTMAX, log_softmax)
-    Q(KS_OP_CROSS_ENTROPY, cross_entropy)
-    Q(KS_OP_EMBEDDING, embedding)
-    Q(KS_OP_ROTARY_EMBEDDING, rotary_embedding)
-    Q(KS_OP_MROPE, mrope)
-    Q(KS_OP_QK_NORM_ROPE, qk_norm_rope)
-    Q(KS_OP_RESHAPE_AND_CACHE, reshape_and_cache)
-    Q(KS_OP_COPY_BLOCKS, copy_blocks)
-    Q(KS_OP_PAGED_ATTENTION, paged_attention)
-    Q(KS_OP_MERGE_ATTN_STATES, merge_attn_states)
-    Q(KS_OP_FLASH_ATTENTION, flash_attention)
-    Q(KS_OP_FLASH_ATTENTION_VARLEN, flash_attention_varlen)
-    Q(KS_OP_MLA_DECODE, mla_decode)
-#undef Q
-    default: return ks_fail(KS_ERR_INVALID_ARGUMENT, "op: unknown op id %d", (int)op);
-  }
+  return ks_query_op(op, tensors, num_tensors, options);
 }
 
 /* ---- CUDA dispatch helpers (KS_CUDA_DISPATCH) */
@@ -113,41 +87,7 @@ ks_status_t ks_cuda_result(ks_status_t s, const char *op) {
   return s;
 }
 
-/* ---- the function table */
-
-static const ks_api_t api_v1 = {
-    sizeof(ks_api_t),
-    KS_ABI_VERSION_MAJOR,
-    KS_ABI_VERSION_MINOR,
-    ks_last_error,
-    ks_status_name,
-    ks_build_info,
-    ks_options_init,
-    ks_query_support,
-    ks_rms_norm,
-    ks_fused_add_rms_norm,
-    ks_layer_norm,
-    ks_silu_and_mul,
-    ks_gelu_and_mul,
-    ks_swiglu,
-    ks_gelu,
-    ks_swiglu_oai,
-    ks_softmax,
-    ks_log_softmax,
-    ks_cross_entropy,
-    ks_embedding,
-    ks_rotary_embedding,
-    ks_mrope,
-    ks_qk_norm_rope,
-    ks_reshape_and_cache,
-    ks_copy_blocks,
-    ks_paged_attention_workspace_size,
-    ks_paged_attention,
-    ks_merge_attn_states,
-    ks_flash_attention,
-    ks_flash_attention_varlen,
-    ks_mla_decode,
-};
+/* ---- the function table (ks_api_table_v1: ops_table.c) */
 
 KS_API ks_status_t ks_get_api(int32_t major, int32_t min_minor, const ks_api_t **table) {
   ks_clear_error();
@@ -159,6 +99,6 @@ KS_API ks_status_t ks_get_api(int32_t major, int32_t min_minor, const ks_api_t *
   if (min_minor > KS_ABI_VERSION_MINOR)
     return ks_fail(KS_ERR_VERSION, "min_minor: this library implements ABI %d.%d, older than the %d.%d requested",
                    KS_ABI_VERSION_MAJOR, KS_ABI_VERSION_MINOR, (int)major, (int)min_minor);
-  *table = &api_v1;
+  *table = &ks_api_table_v1;
   return KS_OK;
 }

@@ -188,21 +188,19 @@ def _stream(stream: Any, *tensors: Any) -> int | None:
 
 # ---- options
 
-_ENUMS = {"cast": _abi.NORM_CAST, "approximate": _abi.GELU_APPROX, "reduction": _abi.REDUCTION}
-
-
-def _field_value(name: str, value: Any) -> Any:
-    if name in _ENUMS and not isinstance(value, int):
+def _field_value(name: str, ctype: Any, value: Any) -> Any:
+    enum = _abi.FIELD_ENUMS.get(name)
+    if enum is not None and not isinstance(value, int):
         key = str(getattr(value, "value", value)).lower()
-        if key not in _ENUMS[name]:
-            raise ValueError(f"options: {name} must be one of {sorted(_ENUMS[name])} (or its int), got {value!r}")
-        return _ENUMS[name][key]
+        if key not in enum:
+            raise ValueError(f"options: {name} must be one of {sorted(enum)} (or its int), got {value!r}")
+        return enum[key]
     if name == "softcap" and value is None:
         return 0.0
     if isinstance(value, bool):
         return int(value)
-    if name == "mrope_section":
-        return (ctypes.c_int32 * 3)(*value)
+    if issubclass(ctype, ctypes.Array):
+        return ctype(*value)
     return value
 
 
@@ -217,14 +215,15 @@ def options(op: str, size: int | None = None, **fields: Any) -> ctypes.Structure
     o = cls()
     n = ctypes.sizeof(cls) if size is None else size
     _check(load().ks_options_init(OPS[op], ctypes.addressof(o), n), "ks_options_init")
-    names = [f[0] for f in cls._fields_]
+    types = dict(cls._fields_)
+    names = list(types)
     for name, value in fields.items():
         if name not in names or name == "size":
             raise TypeError(f"options: {cls.__name__} has no field {name!r} (fields: {names[1:]})")
         f = getattr(cls, name)
         if f.offset + f.size > n:
             raise ValueError(f"options: {name} lies beyond size {n} of this {cls.__name__}")
-        setattr(o, name, _field_value(name, value))
+        setattr(o, name, _field_value(name, types[name], value))
     return o
 
 

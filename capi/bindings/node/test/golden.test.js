@@ -94,51 +94,60 @@ function compare(got, want, tol) {
   return err;
 }
 
+// BEGIN GENERATED: calls (capi/abi/generate.py, from capi/abi/ksabi/ops.py; do not edit)
+const GENERATED_CALLS = {
+  rms_norm: (t, o, sc) => ks.rmsNorm(t.x, t.weight, t.out, o),
+  fused_add_rms_norm: (t, o, sc) => ks.fusedAddRmsNorm(t.x, t.residual, t.weight, t.out, o),
+  layer_norm: (t, o, sc) => ks.layerNorm(t.x, t.weight, t.bias, t.out, o),
+  silu_and_mul: (t, o, sc) => ks.siluAndMul(t.x, t.out),
+  gelu_and_mul: (t, o, sc) => ks.geluAndMul(t.x, t.out, o),
+  swiglu: (t, o, sc) => ks.swiglu(t.gate, t.up, t.out),
+  gelu: (t, o, sc) => ks.gelu(t.x, t.out, o),
+  swiglu_oai: (t, o, sc) => ks.swigluOai(t.x, t.out, o),
+  softmax: (t, o, sc) => ks.softmax(t.x, t.out, o),
+  log_softmax: (t, o, sc) => ks.logSoftmax(t.x, t.out, o),
+  cross_entropy: (t, o, sc) => ks.crossEntropy(t.logits, t.target, t.loss, o),
+  embedding: (t, o, sc) => ks.embedding(t.ids, t.weight, t.out),
+  rotary_embedding: (t, o, sc) => ks.rotaryEmbedding(t.positions, t.q, t.k, t.cos_sin_cache, o),
+  mrope: (t, o, sc) => ks.mrope(t.positions, t.q, t.k, t.cos_sin_cache, o),
+  qk_norm_rope: (t, o, sc) => ks.qkNormRope(t.q, t.k, t.q_weight, t.k_weight, t.cos_sin_cache, t.positions, o),
+  reshape_and_cache: (t, o, sc) => ks.reshapeAndCache(t.key, t.value, t.k_cache, t.v_cache, t.slot_mapping, t.k_scale,
+    t.v_scale),
+  paged_attention: (t, o, sc) => ks.pagedAttention(t.q, t.k_cache, t.v_cache, t.block_table, t.seq_lens, t.cu_seqlens_q,
+    sc.max_seqlen_q, sc.max_seq_len, t.sinks, t.k_scale, t.v_scale, t.out, t.lse, t.workspace, o),
+  merge_attn_states: (t, o, sc) => ks.mergeAttnStates(t.out_a, t.lse_a, t.out_b, t.lse_b, t.out, t.lse),
+  flash_attention: (t, o, sc) => ks.flashAttention(t.q, t.k, t.v, t.sinks, t.out, t.lse, o),
+  flash_attention_varlen: (t, o, sc) => ks.flashAttentionVarlen(t.q, t.k, t.v, t.cu_seqlens_q, t.cu_seqlens_k,
+    sc.max_seqlen_q, sc.max_seqlen_k, t.sinks, t.out, t.lse, o),
+  mla_decode: (t, o, sc) => ks.mlaDecode(t.q_nope, t.q_pe, t.kv_cache, t.block_table, t.seq_lens, sc.max_seq_len,
+    t.kv_scale, t.out, t.lse, o),
+};
+// END GENERATED: calls
+
+/** query_support (must accept), then the op: through GENERATED_CALLS, or here for the ops whose wrappers
+ * are written by hand. */
 function call(c, t, list) {
   const o = c.options;
   const sc = c.scalars;
   ks.querySupport(c.op, list, o);
+  if (c.op in GENERATED_CALLS) return GENERATED_CALLS[c.op](t, o, sc);
   switch (c.op) {
-    case 'rms_norm': return ks.rmsNorm(t.x, t.weight, t.out, o);
-    case 'fused_add_rms_norm': return ks.fusedAddRmsNorm(t.x, t.residual, t.weight, t.out, o);
-    case 'layer_norm': return ks.layerNorm(t.x, t.weight, t.bias, t.out, o);
-    case 'silu_and_mul': return ks.siluAndMul(t.x, t.out);
-    case 'gelu_and_mul': return ks.geluAndMul(t.x, t.out, o);
-    case 'swiglu': return ks.swiglu(t.gate, t.up, t.out);
-    case 'gelu': return ks.gelu(t.x, t.out, o);
-    case 'swiglu_oai': return ks.swigluOai(t.x, t.out, o);
-    case 'softmax': return ks.softmax(t.x, t.out, o);
-    case 'log_softmax': return ks.logSoftmax(t.x, t.out, o);
-    case 'cross_entropy': return ks.crossEntropy(t.logits, t.target, t.loss, o);
-    case 'embedding': return ks.embedding(t.ids, t.weight, t.out);
-    case 'rotary_embedding': return ks.rotaryEmbedding(t.positions, t.q, t.k, t.cos_sin_cache, o);
-    case 'mrope': return ks.mrope(t.positions, t.q, t.k, t.cos_sin_cache, o);
-    case 'qk_norm_rope':
-      return ks.qkNormRope(t.q, t.k, t.q_weight, t.k_weight, t.cos_sin_cache, t.positions, o);
-    case 'reshape_and_cache':
-      return ks.reshapeAndCache(t.key, t.value, t.k_cache, t.v_cache, t.slot_mapping, t.k_scale, t.v_scale);
     case 'copy_blocks': {
       const n = sc.num_layers;
       const layers = (kind) => Array.from({ length: n }, (_, i) => t[`${kind}.${i}`]);
       return ks.copyBlocks(layers('k_caches'), layers('v_caches'), t.block_mapping);
     }
-    case 'paged_attention': {
-      const ws = ks.pagedAttentionWorkspaceSize(t.q, t.k_cache, sc.max_seq_len);
-      assert.ok(ws >= 0 && ws < 2 ** 30, `workspace of ${ws} bytes for a tiny problem`);
-      return ks.pagedAttention(t.q, t.k_cache, t.v_cache, t.block_table, t.seq_lens, t.cu_seqlens_q, sc.max_seqlen_q,
-        sc.max_seq_len, t.sinks, t.k_scale, t.v_scale, t.out, t.lse, t.workspace, o);
-    }
-    case 'merge_attn_states': return ks.mergeAttnStates(t.out_a, t.lse_a, t.out_b, t.lse_b, t.out, t.lse);
-    case 'flash_attention': return ks.flashAttention(t.q, t.k, t.v, t.sinks, t.out, t.lse, o);
-    case 'flash_attention_varlen':
-      return ks.flashAttentionVarlen(t.q, t.k, t.v, t.cu_seqlens_q, t.cu_seqlens_k, sc.max_seqlen_q, sc.max_seqlen_k,
-        t.sinks, t.out, t.lse, o);
-    case 'mla_decode':
-      return ks.mlaDecode(t.q_nope, t.q_pe, t.kv_cache, t.block_table, t.seq_lens, sc.max_seq_len, t.kv_scale, t.out,
-        t.lse, o);
     default: throw new Error(`no call for ${c.op}`);
   }
 }
+
+test('the paged attention workspace is sized for every paged case', () => {
+  for (const c of doc.cases.filter((x) => x.op === 'paged_attention')) {
+    const g = (n) => c.tensors.find((x) => x.name === n);
+    const ws = ks.pagedAttentionWorkspaceSize(makeTensor(g('q')), makeTensor(g('k_cache')), c.scalars.max_seq_len);
+    assert.ok(ws >= 0 && ws < 2 ** 30, `${c.name}: workspace of ${ws} bytes for a tiny problem`);
+  }
+});
 
 test('the package has every op of kernelset.h', () => {
   assert.deepEqual(Object.keys(ks.OP_IDS), doc.ops);

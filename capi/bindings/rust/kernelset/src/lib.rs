@@ -23,8 +23,10 @@ use std::ptr;
 
 pub use kernelset_sys as sys;
 
+mod generated;
 mod ops;
 mod tensor;
+pub use generated::*;
 pub use ops::*;
 pub use tensor::*;
 
