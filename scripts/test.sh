@@ -3,7 +3,7 @@
 # torch 2.13.0, newest Triton), installs Go from Debian if it is missing (the C ABI's Go binding;
 # gcc, cargo and node come with the image; koffi comes from npm in the binding's test) and runs
 # pytest. Without a GPU, Triton kernels run in the interpreter and GPU-marked tests are skipped;
-# libkernelset.so is built by the C ABI tests (scripts/build_capi.sh). CI (.ci/run) runs exactly
+# libkernelset.so is built once per run by the capi_library fixture (scripts/build_capi.sh). CI (.ci/run) runs exactly
 # this, with KS_REQUIRE_BINDINGS=1 so that a missing toolchain fails instead of skipping.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,4 +15,6 @@ fi
 python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip >/dev/null 2>&1 || true
 .venv/bin/pip install -q torch==2.13.0 -e '.[test]'
-exec .venv/bin/python -m pytest -q "$@"
+# one worker per core (KS_TEST_WORKERS overrides; 0 runs in this process); a module's tests stay on one
+# worker (--dist loadscope), so module fixtures (tiny models, compiled C test programs) are built once
+exec .venv/bin/python -m pytest -q -n "${KS_TEST_WORKERS:-auto}" --dist loadscope "$@"

@@ -45,8 +45,8 @@ def compile_report(script: str, expected: int) -> list[dict]:
 
 def assert_ring_policy_fits(ref: tuple[str, str]) -> None:
     """On the GPU, after launches of the ring kernel ``ref``: each compiled specialization fits the
-    programs per SM its policy assumed (registers, shared memory: ``ops/ring.py`` learns it after
+    programs per SM its policy assumed (registers, shared memory: ``ops/common/ring_host.py`` learns it after
     the first launch), so a kernel change or a Triton that needs more registers shows here."""
-    from kernelset.ops import ring
-    learned = {k: v for k, v in ring._RESIDENT.items() if k[0] == ref}
+    from kernelset.ops.common import ring_host
+    learned = {k: v for k, v in ring_host._RESIDENT.items() if k[0] == ref}
     assert learned and all(v == k[1].programs_per_sm for k, v in learned.items()), learned

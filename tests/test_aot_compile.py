@@ -123,11 +123,11 @@ def _record(case: dict) -> list:
         def __getitem__(self, grid):
             return lambda *args, **kwargs: calls.append((self.kernel, args, kwargs))
 
-    from kernelset.ops.triton_launch import FastKernel
+    from kernelset.ops.common.fast_launch import FastKernel
 
     # The launcher calls kernels through FastKernel wrappers; swap each wrapped kernel for a
     # recorder (meta tensors always take FastKernel's ordinary fn[grid](...) path).
-    from kernelset.ops import rowsync
+    from kernelset.ops.common import row_barrier
 
     wrappers = [v for v in vars(launch).values() if isinstance(v, FastKernel)]
     saved_fns = [w.fn for w in wrappers]
@@ -135,7 +135,7 @@ def _record(case: dict) -> list:
     for wrapper in wrappers:
         wrapper.fn = Recorder(wrapper.fn)
     # the split kernel's counter zeroing (a store loop, not a norm kernel) is left out
-    zero_fn, rowsync._zero.fn = rowsync._zero.fn, type("Skip", (), {"__getitem__": lambda self, g: lambda *a, **k: None})()
+    zero_fn, row_barrier._zero.fn = row_barrier._zero.fn, type("Skip", (), {"__getitem__": lambda self, g: lambda *a, **k: None})()
     launch.sm_count = lambda device: SMS
     if case["dir"] == "fwd":
         tuning = {None: policy.DEFAULT_TUNING, True: dataclasses.replace(policy.DEFAULT_TUNING, split_min_fwd=0),
@@ -157,7 +157,7 @@ def _record(case: dict) -> list:
     finally:
         for wrapper, fn in zip(wrappers, saved_fns):
             wrapper.fn = fn
-        rowsync._zero.fn = zero_fn
+        row_barrier._zero.fn = zero_fn
         for k, v in saved.items():
             setattr(launch, k, v)
     out = []

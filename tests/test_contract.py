@@ -75,9 +75,37 @@ CASES = {
                                  _int32(5, 20, 32)), {}),
     "reshape_and_cache": lambda: ((_r(T, 2, D), _r(T, 2, D), _r(4, 16, 2, D), _r(4, 16, 2, D),
                                    torch.tensor([0, 3, 17, 40, 63], device=DEV)), {}),
+    # the two training nodes (added when this table was checked against the registry)
+    "gated_mlp": lambda: ((_r(3, 16), _r(32, 16), _r(32, 16), _r(16, 32)), {}),
+    "qkv_rope": lambda: ((_r(1, T, 16), _r(4 * 8, 16), _r(2 * 8, 16), _r(2 * 8, 16), *_hf_rows(8)),
+                         {"head_dim": 8}),
     "mla_decode": lambda: ((_r(2, 4, 32), _r(2, 4, 16), _r(4, 16, 48), _int32([0, 1], [2, 3]), _int32(7, 30)),
                            {"scale": 0.1, "kv_lora_rank": 32, "rope_dim": 16}),
 }
+
+
+# ops that declare their example in the registry (OpSpec.example): the one description of the op
+for _e in ks.catalog():
+    if _e.spec.example is not None:
+        assert _e.name not in CASES, f"{_e.name}: an example in the registry and a case here"
+        CASES[_e.name] = (lambda ex: lambda: ex(DEV))(_e.spec.example)
+
+
+def test_every_tensor_op_has_a_contract_case():
+    """A new op gets its contract case from its declaration's ``example``; only the optimizers and the
+    block copies (lists of tensors, parameters) are out of this test's reach, each said here."""
+    outside = {"adamw": "an optimizer over parameters (tests/test_optim.py)",
+               "clip_grad_norm": "takes parameters, not tensors (tests/test_optim.py)",
+               "copy_blocks": "lists of caches (tests/test_kvcache.py)",
+               "swap_blocks": "copies between devices (tests/test_kvcache.py)"}
+    missing = [e.name for e in ks.catalog() if e.name not in CASES and e.name not in outside]
+    assert not missing, f"ops without a contract case: {missing}"
+
+
+def _hf_rows(d):
+    cs = _cache(T, d)
+    cos, sin = cs[:, : d // 2], cs[:, d // 2:]
+    return torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)  # [S, D], transformers' halves repeated
 
 
 def _hf_tables():

@@ -1,11 +1,11 @@
-"""FastKernel (ops/triton_launch.py): the cached direct launch must never reuse a kernel compiled
+"""FastKernel (ops/common/fast_launch.py): the cached direct launch must never reuse a kernel compiled
 for another specialization. The key function is checked on CPU; the launches on a GPU."""
 import pytest
 import torch
 import triton
 import triton.language as tl
 
-from kernelset.ops.triton_launch import FastKernel, _fast_key
+from kernelset.ops.common.fast_launch import FastKernel, _fast_key
 
 HEAD = (0, 4, None, True)
 
@@ -142,7 +142,7 @@ def test_bound_launch_checks_what_triton_specializes_on(monkeypatch):
     addresses and the constexpr tail, and launches nothing (returns False) where a later call
     differs in a tensor's dtype or 16-byte alignment, an int's class (== 1, divisible by 16, width),
     a None slot, a float slot's type or the device, or where a launch hook is installed."""
-    from kernelset.ops import triton_launch as TL
+    from kernelset.ops.common import fast_launch as TL
 
     if TL._knobs is None:
         pytest.skip("this Triton has no knobs module (no direct launches at all)")
@@ -191,7 +191,7 @@ def test_bound_launch_checks_what_triton_specializes_on(monkeypatch):
 
 def test_sites_are_dropped_when_the_configuration_changes():
     import kernelset as ks
-    from kernelset.ops import triton_launch as TL
+    from kernelset.ops.common import fast_launch as TL
 
     fk = FastKernel(_scaled_copy)
     fk.sites["s"] = lambda grid, args: True

@@ -56,7 +56,7 @@ def test_split_forward_barrier(shape):
     to one rounding of the output everywhere (a program that read a partial before it was
     written would be off by percents in its row), bit for bit for RMSNorm; LayerNorm's chunk
     sums may be reduced in another order by the two compiled forms at unaligned widths."""
-    from kernelset.ops import rowsync
+    from kernelset.ops.common import row_barrier
     from kernelset.ops.norm import policy
 
     x = torch.randn(*shape, dtype=torch.bfloat16, device="cuda")
@@ -65,7 +65,7 @@ def test_split_forward_barrier(shape):
     run = lambda: [ks.rms_norm(x, w), ks.layer_norm(x, w, w), *ks.fused_add_rms_norm(x, r, w)]  # noqa: E731
     with policy.use(dataclasses.replace(policy.DEFAULT_TUNING, split_min_fwd=0)):
         one = run()
-        with rowsync.two_launches():
+        with row_barrier.two_launches():
             two = run()
     for name, a, b in zip(("rms_norm", "layer_norm", "fused out", "fused residual"), one, two):
         if name != "layer_norm":

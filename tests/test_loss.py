@@ -308,7 +308,7 @@ def test_split_runs_and_has_one_launch_form(opt, device, monkeypatch):
     """The split tuning really launches the split kernel (8 programs per row), an out-of-range
     target still poisons only its row (loss and gradient), and on a GPU the one-launch form gives the two-launch
     form's bits."""
-    from kernelset.ops import rowsync
+    from kernelset.ops.common import row_barrier
 
     grids = []
     real = launch._fwd_split
@@ -324,7 +324,7 @@ def test_split_runs_and_has_one_launch_form(opt, device, monkeypatch):
             return [loss, *torch.autograd.grad(loss, (x,), g)]
 
         one = run()
-        with rowsync.two_launches():
+        with row_barrier.two_launches():
             two = run()
     assert grids and set(grids) == {(6 * 8,)}, grids
     for a, b in zip(one, two):

@@ -36,11 +36,11 @@ def test_ring_policy():
 
 
 def test_ring_choice_needs_a_gradient_no_softcap_and_sm90(device, monkeypatch):
-    from kernelset.ops import ring
+    from kernelset.ops.common import ring_host
     if device.type != "cuda":
         assert launch.ring_choice(128256, torch.bfloat16, device, RING) is None
-    monkeypatch.setattr(ring, "on_sm90", lambda device, arch=None: True)
-    monkeypatch.setattr(ring, "gluon_kernel", lambda mod, name: (object(), None))
+    monkeypatch.setattr(ring_host, "on_sm90", lambda device, arch=None: True)
+    monkeypatch.setattr(ring_host, "gluon_kernel", lambda mod, name: (object(), None))
     cuda = torch.device("cuda")
     assert launch.ring_choice(128256, torch.bfloat16, cuda, RING, gbs_per_sm=25.0) is not None
     assert launch.ring_choice(128256, torch.bfloat16, cuda, RING, gbs_per_sm=25.0, need_grad=False) is None
@@ -112,7 +112,7 @@ def test_ring_kernel_compiles_for_sm90():
     several portions, and the policy's programs per SM fit an SM's 228 KB of shared memory and,
     by ptxas's register count, its 64K registers: always for the row-masked ragged form, for
     the others with Triton 3.6 (the GPU image's: under 3.9 their ragged forms need 128-144
-    registers, and ``ring.learn`` shrinks the grid to what fits)."""
+    registers, and ``ring_host.learn`` shrinks the grid to what fits)."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     for r in compile_report(_RING_AOT, 8):
         assert r["tma"] and r["acquire"] and r["vec"], r
@@ -127,15 +127,15 @@ def test_ring_launcher_binds_the_kernel_signature(monkeypatch):
     and the kernel stood in for): every kernel parameter gets the right tensor or value; a
     softcap, no gradient or a strided gradient buffer take the other kernels."""
     pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
-    from kernelset.ops import ring
+    from kernelset.ops.common import ring_host
     from kernelset.ops.loss import ring_sm90 as K
     calls = []
-    monkeypatch.setattr(ring, "gluon_kernel", lambda mod, name: (lambda grid, *a, **kw: calls.append((grid, a, kw)), None))
-    monkeypatch.setattr(ring, "on_sm90", lambda device, arch=None: True)
-    monkeypatch.setattr(ring, "device_gbs_per_sm", lambda device: 36.0)
+    monkeypatch.setattr(ring_host, "gluon_kernel", lambda mod, name: (lambda grid, *a, **kw: calls.append((grid, a, kw)), None))
+    monkeypatch.setattr(ring_host, "on_sm90", lambda device, arch=None: True)
+    monkeypatch.setattr(ring_host, "device_gbs_per_sm", lambda device: 36.0)
     sync, part = torch.zeros(6, dtype=torch.int32), torch.empty(5 * 2 * 8)
     asked = []
-    monkeypatch.setattr(ring, "launches", lambda dev, m, nslot, p2: asked.append((m, nslot, p2)) or ((0, sync, part),))
+    monkeypatch.setattr(ring_host, "launches", lambda dev, m, nslot, p2: asked.append((m, nslot, p2)) or ((0, sync, part),))
     other = []
     monkeypatch.setattr(launch, "_fwd", lambda grid, *a, **kw: other.append(grid))
     x = torch.randn(5, 128256, dtype=torch.bfloat16)
@@ -222,8 +222,8 @@ def test_ring_matches_reference(v, dtype, z_loss, cfg, device, monkeypatch):
         lw, dw = launch.ce_fwd(wide, tgt[:4], -100, 0.0, z_loss, None, "sum", True)
         ls, _ = launch.ce_fwd(x, tgt, -100, 0.1, z_loss, None, "none", True)  # smoothing: never the ring
     assert launched == [True, True, False], launched  # strided logits: the ring declines
-    from kernelset.ops import ring
-    assert ring.gluon_kernel(*launch._RING)[0].entries() >= 1  # launched directly (FastKernel), not through Triton
+    from kernelset.ops.common import ring_host
+    assert ring_host.gluon_kernel(*launch._RING)[0].entries() >= 1  # launched directly (FastKernel), not through Triton
     assert_ring_policy_fits(launch._RING)
     want, dwant = R.fwd(x, tgt, -100, 0.0, z_loss, None, "none", True)
     lse_want = R.rows(x, tgt, -100, 0.0, z_loss, None)[1]

@@ -472,7 +472,7 @@ def test_batch_invariance(op, how, device):
 def test_split_forward_runs_and_has_one_launch_form(device, monkeypatch):
     """The split tuning really launches the split kernel (several programs per row), and on a GPU
     its one-launch form (programs meet at a barrier) gives the two-launch form's bits."""
-    from kernelset.ops import rowsync
+    from kernelset.ops.common import row_barrier
     from kernelset.ops.norm import launch as L
 
     grids = []
@@ -485,7 +485,7 @@ def test_split_forward_runs_and_has_one_launch_form(device, monkeypatch):
         run = lambda: [ks.rms_norm(x, w, backend="triton"), ks.layer_norm(x, w, w, backend="triton"),
                        *ks.fused_add_rms_norm(x, r, w, backend="triton")]
         one = run()
-        with rowsync.two_launches():
+        with row_barrier.two_launches():
             two = run()
     assert grids and all(g == (5 * 8,) for g, _ in grids), grids
     if device.type == "cuda":
@@ -532,7 +532,7 @@ def test_split_backward_runs_and_has_one_launch_form(device, monkeypatch):
     bits (called directly: autograd runs a CUDA backward on its own thread, outside the
     two_launches context)."""
     from kernelset.core.arch import sm_count
-    from kernelset.ops import rowsync
+    from kernelset.ops.common import row_barrier
     from kernelset.ops.norm import launch as L
 
     grids = []
@@ -585,7 +585,7 @@ def test_split_backward_runs_and_has_one_launch_form(device, monkeypatch):
     grids.clear()
     with policy.use(SPLIT_TUNING):
         one = direct()
-        with rowsync.two_launches():
+        with row_barrier.two_launches():
             two = direct()
     if device.type == "cuda":
         assert {p for _, p in grids} == {0, 1, 2}
@@ -686,7 +686,7 @@ def test_split_backward_compiles_without_spills():
 
 def test_split_forward_keeps_its_chunk_16_bit():
     """The split forward at the 262144-wide bar shape, compiled for sm_90 with this machine's Triton:
-    the bf16 chunk stays bf16 across the row barrier (``rowsync.rewiden``), so RMSNorm fits in at
+    the bf16 chunk stays bf16 across the row barrier (``row_barrier.rewiden``), so RMSNorm fits in at
     most 80 registers per thread at 8192 columns / 4 warps (103 with an fp32 copy held: 4 programs
     per SM instead of 7); the chunk is loaded evict-first and y stored streaming."""
     from aot import compile_report

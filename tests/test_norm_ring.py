@@ -167,20 +167,20 @@ def test_ring_launch_args(monkeypatch):
     misaligned rows, and the two-launch form, get no ring launch."""
     pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
     from kernelset.core.tuning import ring_launch
-    from kernelset.ops import ring
-    monkeypatch.setattr(ring, "launches", lambda dev, m, nslot, p2: ((0, ("sync", m), ("part", m * nslot * p2)),))
+    from kernelset.ops.common import ring_host
+    monkeypatch.setattr(ring_host, "launches", lambda dev, m, nslot, p2: ((0, ("sync", m), ("part", m * nslot * p2)),))
     rp = ring_launch(65536, 16384, 8, 9, 4, 6)
     x = torch.randn(10, 65536, dtype=torch.bfloat16)
-    grid, desc, sync, part = ring.launch_args(x, 10, 65536, 1, rp, 132)
+    grid, desc, sync, part = ring_host.launch_args(x, 10, 65536, 1, rp, 132)
     assert grid == (40,) and sync == ("sync", 10) and part == ("part", 40)
     assert list(desc.shape) == [2560, 256] and list(desc.block_shape) == [8, 256]
     big = torch.empty(1000, 65536, dtype=torch.bfloat16)
-    assert ring.launch_args(big, 1000, 65536, 1, rp, 132)[0] == ((6 * 132 // 4) * 4,)
-    assert ring.launch_args(torch.randn(10, 2 * 65536, dtype=torch.bfloat16)[:, :65536], 10, 65536, 1, rp, 132) is None
+    assert ring_host.launch_args(big, 1000, 65536, 1, rp, 132)[0] == ((6 * 132 // 4) * 4,)
+    assert ring_host.launch_args(torch.randn(10, 2 * 65536, dtype=torch.bfloat16)[:, :65536], 10, 65536, 1, rp, 132) is None
     flat = torch.randn(10 * 65536 + 1, dtype=torch.bfloat16)[1:].view(10, 65536)  # 2 bytes off alignment
-    assert ring.launch_args(flat, 10, 65536, 1, rp, 132) is None
-    monkeypatch.setattr(ring, "launches", lambda dev, m, nslot, p2: ((1, None, None), (2, None, None)))
-    assert ring.launch_args(x, 10, 65536, 1, rp, 132) is None
+    assert ring_host.launch_args(flat, 10, 65536, 1, rp, 132) is None
+    monkeypatch.setattr(ring_host, "launches", lambda dev, m, nslot, p2: ((1, None, None), (2, None, None)))
+    assert ring_host.launch_args(x, 10, 65536, 1, rp, 132) is None
 
 
 def test_ring_grid_follows_what_the_compiled_kernel_fits(monkeypatch):
@@ -190,56 +190,56 @@ def test_ring_grid_follows_what_the_compiled_kernel_fits(monkeypatch):
     pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
     from types import SimpleNamespace as NS
     from kernelset.core.tuning import ring_launch
-    from kernelset.ops import ring
+    from kernelset.ops.common import ring_host
 
     def compiled(regs, shared):
         return NS(n_regs=regs, metadata=NS(shared=shared))
 
-    assert ring.resident(compiled(80, 73888), 8, 3) == 3  # the H100 cross-entropy launch, Triton 3.6
-    assert ring.resident(compiled(128, 73888), 8, 3) == 2  # the same under Triton 3.9
-    assert ring.resident(compiled(80, 37008), 4, 6) == 6  # the H200 launch, Triton 3.6
-    assert ring.resident(compiled(144, 37008), 4, 6) == 3  # ... under Triton 3.9
-    assert ring.resident(compiled(81, 37008), 4, 6) == 5  # 81 registers are allocated as 88
-    assert ring.resident(compiled(40, 80000), 4, 6) == 2  # shared memory bounds it
-    assert ring.resident(compiled(40, 1000), 4, 6) == 6  # never above the policy
-    assert ring.resident(None, 4, 6) == 6 and ring.resident(NS(n_regs=None), 4, 6) == 6  # unknown: the policy
+    assert ring_host.resident(compiled(80, 73888), 8, 3) == 3  # the H100 cross-entropy launch, Triton 3.6
+    assert ring_host.resident(compiled(128, 73888), 8, 3) == 2  # the same under Triton 3.9
+    assert ring_host.resident(compiled(80, 37008), 4, 6) == 6  # the H200 launch, Triton 3.6
+    assert ring_host.resident(compiled(144, 37008), 4, 6) == 3  # ... under Triton 3.9
+    assert ring_host.resident(compiled(81, 37008), 4, 6) == 5  # 81 registers are allocated as 88
+    assert ring_host.resident(compiled(40, 80000), 4, 6) == 2  # shared memory bounds it
+    assert ring_host.resident(compiled(40, 1000), 4, 6) == 6  # never above the policy
+    assert ring_host.resident(None, 4, 6) == 6 and ring_host.resident(NS(n_regs=None), 4, 6) == 6  # unknown: the policy
 
     class Lazy:  # a compiled kernel whose attributes fail to load
         @property
         def n_regs(self):
             raise RuntimeError("no driver")
 
-    assert ring.resident(Lazy(), 4, 6) == 6
+    assert ring_host.resident(Lazy(), 4, 6) == 6
 
-    monkeypatch.setattr(ring, "launches", lambda dev, m, nslot, p2: ((0, ("sync", m), ("part", m * nslot * p2)),))
-    monkeypatch.setattr(ring, "_RESIDENT", {})
+    monkeypatch.setattr(ring_host, "launches", lambda dev, m, nslot, p2: ((0, ("sync", m), ("part", m * nslot * p2)),))
+    monkeypatch.setattr(ring_host, "_RESIDENT", {})
     ref = ("some.module", "kernel")
     fake = NS(last=compiled(144, 37008))
-    monkeypatch.setattr(ring, "gluon_kernel", lambda mod, name: (fake, None))
+    monkeypatch.setattr(ring_host, "gluon_kernel", lambda mod, name: (fake, None))
     rp = ring_launch(65536, 16384, 8, 9, 4, 6)
     big = torch.empty(1000, 65536, dtype=torch.bfloat16)
-    assert ring.launch_args(big, 1000, 65536, 1, rp, 132, ref, (True,))[0] == (6 * 132 // 4 * 4,)
-    ring.learn(ref, rp, torch.bfloat16, (True,))
-    assert ring.launch_args(big, 1000, 65536, 1, rp, 132, ref, (True,))[0] == (3 * 132 // 4 * 4,)
-    assert ring.launch_args(big, 1000, 65536, 1, rp, 132, ref, (False,))[0] == (6 * 132 // 4 * 4,)  # another specialization
+    assert ring_host.launch_args(big, 1000, 65536, 1, rp, 132, ref, (True,))[0] == (6 * 132 // 4 * 4,)
+    ring_host.learn(ref, rp, torch.bfloat16, (True,))
+    assert ring_host.launch_args(big, 1000, 65536, 1, rp, 132, ref, (True,))[0] == (3 * 132 // 4 * 4,)
+    assert ring_host.launch_args(big, 1000, 65536, 1, rp, 132, ref, (False,))[0] == (6 * 132 // 4 * 4,)  # another specialization
     fake.last = compiled(40, 1000)
-    ring.learn(ref, rp, torch.bfloat16, (True,))  # learned once per key
-    assert ring.launch_args(big, 1000, 65536, 1, rp, 132, ref, (True,))[0] == (3 * 132 // 4 * 4,)
+    ring_host.learn(ref, rp, torch.bfloat16, (True,))  # learned once per key
+    assert ring_host.launch_args(big, 1000, 65536, 1, rp, 132, ref, (True,))[0] == (3 * 132 // 4 * 4,)
 
 
 def test_ring_launcher_binds_the_kernel_signature(monkeypatch):
     """norm_fwd down to the ring kernel's launch on any machine (an sm_90 H200 and the kernel
     stood in for): every kernel parameter gets the right tensor or value, by name."""
     pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
-    from kernelset.ops import ring
+    from kernelset.ops.common import ring_host
     from kernelset.ops.norm import launch as L
     from kernelset.ops.norm import ring_sm90 as K
     calls = []
-    monkeypatch.setattr(ring, "gluon_kernel", lambda mod, name: (lambda grid, *a, **kw: calls.append((grid, a, kw)), None))
-    monkeypatch.setattr(ring, "on_sm90", lambda device, arch=None: True)
+    monkeypatch.setattr(ring_host, "gluon_kernel", lambda mod, name: (lambda grid, *a, **kw: calls.append((grid, a, kw)), None))
+    monkeypatch.setattr(ring_host, "on_sm90", lambda device, arch=None: True)
     monkeypatch.setattr(L, "device_gbs_per_sm", lambda device: 36.0)
     sync, part = torch.zeros(4, dtype=torch.int32), torch.empty(12)
-    monkeypatch.setattr(ring, "launches", lambda dev, m, nslot, p2: ((0, sync, part),))
+    monkeypatch.setattr(ring_host, "launches", lambda dev, m, nslot, p2: ((0, sync, part),))
     x = torch.randn(3, 49152, dtype=torch.bfloat16)
     w = torch.randn(49152, dtype=torch.bfloat16)
     y, _, _, rstd = L.norm_fwd(x, w, None, eps=1e-5, offset=1.0, is_rms=True, gemma_cast=True, stats=True)

@@ -266,8 +266,8 @@ def test_plan_details_describe_the_named_gpu(gpu):
         assert "detail() raised" not in table, (name, gpu)
     why = choose("rms_norm", {"tokens": 8, "hidden": 65536}, torch.bfloat16, gpu_named(gpu)).why
     assert "detail() raised" not in why
-    from kernelset.ops import ring
-    gluon = ring.gluon_kernel("kernelset.ops.norm.ring_sm90", "_rms_ring_fwd_kernel")[0] is not None
+    from kernelset.ops.common import ring_host
+    gluon = ring_host.gluon_kernel("kernelset.ops.norm.ring_sm90", "_rms_ring_fwd_kernel")[0] is not None
     if gpu == "h200" and gluon:
         assert "kernels: ring forward on sm_90 (Gluon: 4 programs of 16384 columns per row" in why, why
     else:
@@ -276,7 +276,7 @@ def test_plan_details_describe_the_named_gpu(gpu):
     lce = [line for line in plan("llama-3-8b", gpu=gpu, mode="training").table().splitlines()
            if "linear_cross_entropy" in line]
     assert len(lce) == 1 and "chunks of 1024 tokens (250 MiB of logits" in lce[0], lce
-    ce_gluon = ring.gluon_kernel("kernelset.ops.loss.ring_sm90", "_ce_ring_kernel")[0] is not None
+    ce_gluon = ring_host.gluon_kernel("kernelset.ops.loss.ring_sm90", "_ce_ring_kernel")[0] is not None
     ring_says = {"h200": "ring kernel on sm_90 (Gluon: 8 programs of 16384 logits per row",
                  "h100": "ring kernel on sm_90 (Gluon: 8 programs of 16384 logits per row"}
     if gpu in ring_says and ce_gluon:
@@ -291,7 +291,7 @@ def test_runtime_hardware_checks_read_the_gpu_table(monkeypatch):
     import dataclasses
 
     from kernelset.core import gpus
-    from kernelset.ops import ring
+    from kernelset.ops.common import ring_host
     from kernelset.ops.kvcache import backends as kv
 
     class P(dict):
@@ -299,7 +299,7 @@ def test_runtime_hardware_checks_read_the_gpu_table(monkeypatch):
 
     fp8_cache = P(cache_dtype="float8_e4m3fn")
     cuda = torch.device("cuda", 0)
-    assert kv._fp8_reason(fp8_cache) is None and ring.on_sm90(cuda, (9, 0)) and not ring.on_sm90(cuda, (10, 0))
+    assert kv._fp8_reason(fp8_cache) is None and ring_host.on_sm90(cuda, (9, 0)) and not ring_host.on_sm90(cuda, (10, 0))
     P.arch = (8, 6)
     assert "needs sm_89 or newer (device is sm_86)" in kv._fp8_reason(fp8_cache)
     table = dict(gpus.ARCHS)
@@ -307,4 +307,4 @@ def test_runtime_hardware_checks_read_the_gpu_table(monkeypatch):
     table[(9, 0)] = dataclasses.replace(table[(9, 0)], wgmma=False)
     monkeypatch.setattr(gpus, "ARCHS", table)
     assert kv._fp8_reason(fp8_cache) is None
-    assert not ring.on_sm90(cuda, (9, 0))
+    assert not ring_host.on_sm90(cuda, (9, 0))

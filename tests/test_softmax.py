@@ -244,7 +244,7 @@ def test_batch_invariance(how, device):
 def test_split_runs_and_has_one_launch_form(log, device, monkeypatch):
     """The split tuning really launches the split kernels (8 programs per row, forward and
     backward), and on a GPU their one-launch form gives the two-launch form's bits."""
-    from kernelset.ops import rowsync
+    from kernelset.ops.common import row_barrier
 
     grids = []
     for name in ("_fwd_split", "_bwd_split"):
@@ -256,7 +256,7 @@ def test_split_runs_and_has_one_launch_form(log, device, monkeypatch):
     with _use("split"):
         run = lambda: [y := fn(x, backend="triton"), *torch.autograd.grad(y, (x,), dy)]  # noqa: E731
         one = run()
-        with rowsync.two_launches():
+        with row_barrier.two_launches():
             two = run()
     assert len(grids) >= 4 and set(grids) == {(5 * 8,)}, grids
     for a, b in zip(one, two):
@@ -266,7 +266,7 @@ def test_split_runs_and_has_one_launch_form(log, device, monkeypatch):
 def test_looped_forward_takes_131072_wide_two_byte_rows():
     """The forward's kernel choice past the block kernels: split everywhere but rows whose next
     power of two is looped_only_fwd with 2-byte elements (measured there: the looped kernel
-    wins; docs/benchmarks/2026-11-27-s18); the backward never takes that exception."""
+    wins on the H100 and the H200, 2026-11-27); the backward never takes that exception."""
     t = launch.SoftmaxTuning()
 
     def split(n, esize, fwd=True):
@@ -305,9 +305,9 @@ def test_ring_policy():
 def test_ring_choice_needs_sm90_cuda_and_the_bandwidth_class(device, monkeypatch):
     if device.type != "cuda":
         assert launch.ring_choice(131072, torch.bfloat16, device, RING) is None
-    from kernelset.ops import ring
-    monkeypatch.setattr(ring, "on_sm90", lambda device, arch=None: True)
-    monkeypatch.setattr(ring, "gluon_kernel", lambda mod, name: (object(), None))
+    from kernelset.ops.common import ring_host
+    monkeypatch.setattr(ring_host, "on_sm90", lambda device, arch=None: True)
+    monkeypatch.setattr(ring_host, "gluon_kernel", lambda mod, name: (object(), None))
     cuda, t = torch.device("cuda"), launch.SoftmaxTuning()
     assert launch.ring_choice(131072, torch.bfloat16, cuda, t, gbs_per_sm=36.0) is not None  # H200
     assert launch.ring_choice(131072, torch.bfloat16, cuda, t, gbs_per_sm=25.0) is None  # H100
@@ -416,36 +416,36 @@ def test_ring_forward_through_the_api_and_autograd(device):
 
 def test_ring_unavailable_without_gluon(monkeypatch):
     """A Triton whose Gluon does not import: the ring kernels are unavailable, with the reason."""
-    from kernelset.ops import ring
-    ring.gluon_kernel.cache_clear()
-    real = ring.importlib.import_module
+    from kernelset.ops.common import ring_host
+    ring_host.gluon_kernel.cache_clear()
+    real = ring_host.importlib.import_module
 
     def fail(name):
         if name.endswith("ring_sm90"):
             raise ImportError("no gluon here")
         return real(name)
 
-    monkeypatch.setattr(ring.importlib, "import_module", fail)
+    monkeypatch.setattr(ring_host.importlib, "import_module", fail)
     try:
-        kernel, why = ring.gluon_kernel("kernelset.ops.softmax.ring_sm90", "_softmax_ring_fwd_kernel")
+        kernel, why = ring_host.gluon_kernel("kernelset.ops.softmax.ring_sm90", "_softmax_ring_fwd_kernel")
         assert kernel is None and why == "ImportError: no gluon here"
-        monkeypatch.setattr(ring, "on_sm90", lambda device, arch=None: True)
+        monkeypatch.setattr(ring_host, "on_sm90", lambda device, arch=None: True)
         assert launch.ring_choice(131072, torch.bfloat16, torch.device("cuda"), RING) is None
     finally:
-        ring.gluon_kernel.cache_clear()
+        ring_host.gluon_kernel.cache_clear()
 
 
 def test_ring_launcher_binds_the_kernel_signature(monkeypatch):
     """softmax_fwd down to the ring kernel's launch on any machine (an sm_90 GPU and the kernel
     stood in for, the ring turned on): every kernel parameter gets the right tensor or value."""
     pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
-    from kernelset.ops import ring
+    from kernelset.ops.common import ring_host
     from kernelset.ops.softmax import ring_sm90 as K
     calls = []
-    monkeypatch.setattr(ring, "gluon_kernel", lambda mod, name: (lambda grid, *a, **kw: calls.append((grid, a, kw)), None))
-    monkeypatch.setattr(ring, "on_sm90", lambda device, arch=None: True)
+    monkeypatch.setattr(ring_host, "gluon_kernel", lambda mod, name: (lambda grid, *a, **kw: calls.append((grid, a, kw)), None))
+    monkeypatch.setattr(ring_host, "on_sm90", lambda device, arch=None: True)
     sync, part = torch.zeros(6, dtype=torch.int32), torch.empty(40)
-    monkeypatch.setattr(ring, "launches", lambda dev, m, nslot, p2: ((0, sync, part),))
+    monkeypatch.setattr(ring_host, "launches", lambda dev, m, nslot, p2: ((0, sync, part),))
     x = torch.randn(5, 131072, dtype=torch.bfloat16)
     with launch.use(RING):
         y = launch.softmax_fwd(x, 2.0, True, torch.float32)

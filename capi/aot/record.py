@@ -95,7 +95,7 @@ def jit_specialization(fn: Any, args: tuple, kwargs: dict) -> list | None:
 def recording(sms: int = 132, modules: tuple = (), cc: int = 90) -> Iterator[list[Launch]]:
     """Records instead of launching; the launch ``modules``' ``sm_count`` answers ``sms`` and their
     ``device_arch`` answers compute capability ``cc`` (90: sm_90) for any tensor."""
-    from kernelset.ops.triton_launch import FastKernel
+    from kernelset.ops.common.fast_launch import FastKernel
 
     launches: list[Launch] = []
     original = FastKernel.__call__

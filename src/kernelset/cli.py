@@ -312,6 +312,13 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def _mixers(counts: dict[str, int]) -> str:
+    """A hybrid's layer kinds (``36 linear_attention + 12 attention``); nothing for attention-only models."""
+    if set(counts) <= {"attention", "full_attention"}:
+        return ""
+    return " + ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
 def _plan_list(args) -> int:
     from kernelset.core.gpus import GPUS
     from kernelset.hf.planning import facts
@@ -320,14 +327,16 @@ def _plan_list(args) -> int:
     for name, cfg in sorted(PRESETS.items()):
         f = facts(cfg)
         rows.append({"preset": name, "model_type": f.model_type, "layers": f.layers, "hidden": f.hidden,
-                     "heads": f.heads, "kv_heads": f.kv_heads, "experts": f.experts, "mla": f.mla is not None})
+                     "heads": f.heads, "kv_heads": f.kv_heads, "experts": f.experts, "mla": f.mla is not None,
+                     "mixers": f.mixer_counts()})
     if getattr(args, "json", False):
         print(json.dumps({"presets": rows, "gpus": [g.to_dict() for g in GPUS]}, indent=1))
         return 0
     print(f"{len(rows)} presets (public config.json values):")
     for line in _table([(r["preset"], r["model_type"], str(r["layers"]), "layers, hidden", str(r["hidden"]),
-                         f"{r['heads']}/{r['kv_heads']} heads", f"{r['experts']} experts" if r["experts"] else "",
-                         "MLA" if r["mla"] else "") for r in rows], right=(2, 4)):
+                         f"{r['heads']}/{r['kv_heads']} heads" if r["heads"] else "no attention",
+                         f"{r['experts']} experts" if r["experts"] else "", "MLA" if r["mla"] else "",
+                         _mixers(r["mixers"])) for r in rows], right=(2, 4)):
         print(f"  {line}")
     print("\nGPUs (--gpu):")
     for line in _table([(g.key, g.name, g.sm, f"{g.memory_gib:g} GiB", f"{g.bandwidth_gbs:g} GB/s",

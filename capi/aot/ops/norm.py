@@ -117,7 +117,7 @@ NORM_FWD = Op(
              KernelRef("kernelset.ops.norm.kernels", "_rms_fwd_two_pass_kernel", ("N", "stride_x", "stride_y")),
              KernelRef("kernelset.ops.norm.kernels", "_norm_fwd_looped_kernel",
                        ("N", "stride_x", "stride_r", "stride_y", "stride_h")),
-             KernelRef("kernelset.ops.rowsync", "_rowsync_zero_kernel", ()),
+             KernelRef("kernelset.ops.common.row_barrier", "_row_barrier_zero_kernel", ()),
              KernelRef("kernelset.ops.norm.kernels", "_norm_fwd_split_kernel",
                        ("N", "stride_x", "stride_r", "stride_y", "stride_h"))],
     policies=[PolicyRef("kernelset.ops.norm.policy", "fwd_policy", "ks_pol_norm_fwd",
@@ -143,12 +143,13 @@ NORM_FWD = Op(
     ks_pol_norm_fwd_split_t sp;
     if (ks_pol_norm_fwd_split(N, sms, &sp)) return ks_gen_policy_failed(err, errlen, "fwd_split_policy");
     if (sp.split) {
-      /* the split kernel (kernelset/ops/rowsync.py): partials, then the zeroed counters, in the
-       * discard buffer, as the launcher's torch.empty ones */
+      /* the split kernel (kernelset/ops/common/row_barrier.py): partials, then the zeroed counters,
+       * in the discard buffer, as the launcher's torch.empty ones */
       void *part = ks_cuda_plan_scratch(plan, M * (is_rms ? 1 : 2) * sp.split_p2 * 4);
       void *sync = ks_cuda_plan_scratch(plan, (M + 1) * 4);
-      ks_status_t s = ks_k_rowsync_zero_kernel(plan, err, errlen, (M + KS_ROWSYNC_ZERO_BLOCK) / KS_ROWSYNC_ZERO_BLOCK,
-          1, 1, 4, -1, 1, sync, KS_DT_I32, M + 1, KS_ROWSYNC_ZERO_BLOCK);
+      ks_status_t s = ks_k_row_barrier_zero_kernel(plan, err, errlen,
+          (M + KS_ROW_BARRIER_ZERO_BLOCK) / KS_ROW_BARRIER_ZERO_BLOCK, 1, 1, 4, -1, 1, sync, KS_DT_I32, M + 1,
+          KS_ROW_BARRIER_ZERO_BLOCK);
       if (s != KS_OK) return s;
       return ks_k_norm_fwd_split_kernel(plan, err, errlen, M * sp.split, 1, 1, sp.num_warps, -1, 0,
           X, x_dtype, R, x_dtype, W, w_dtype, B, w_dtype, Y, x_dtype, H, x_dtype, MEAN, KS_DT_F32, RSTD, KS_DT_F32,

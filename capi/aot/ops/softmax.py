@@ -51,10 +51,10 @@ def _softmax_placed(c: dict, launches: list) -> dict:
     return {"~PART": ("scratch", 0), "~SYNC": ("scratch", align256(part_bytes))}
 
 
-def _rowsync_decls() -> str:
-    return ("/* kernelset.ops.rowsync.ZERO_BLOCK: counters zeroed per program of _rowsync_zero_kernel (before\n"
-            " * every split kernel: softmax_fwd, norm_fwd) */\n"
-            f"#define KS_ROWSYNC_ZERO_BLOCK {mod('kernelset.ops.rowsync').ZERO_BLOCK}")
+def _row_barrier_decls() -> str:
+    return ("/* kernelset.ops.common.row_barrier.ZERO_BLOCK: counters zeroed per program of\n"
+            " * _row_barrier_zero_kernel (before every split kernel: softmax_fwd, norm_fwd) */\n"
+            f"#define KS_ROW_BARRIER_ZERO_BLOCK {mod('kernelset.ops.common.row_barrier').ZERO_BLOCK}")
 
 
 def _softmax_c_args(c: dict) -> list:
@@ -68,7 +68,7 @@ SOFTMAX_FWD = Op(
     doc="softmax / log_softmax over the last dim: y = softmax(x * inv_t); inv_t = 1 / temperature in double",
     kernels=[KernelRef("kernelset.ops.softmax.kernels", "_softmax_fwd_kernel", ("N", "stride_x", "stride_y")),
              KernelRef("kernelset.ops.softmax.kernels", "_softmax_fwd_looped_kernel", ("N", "stride_x", "stride_y")),
-             KernelRef("kernelset.ops.rowsync", "_rowsync_zero_kernel", ()),
+             KernelRef("kernelset.ops.common.row_barrier", "_row_barrier_zero_kernel", ()),
              KernelRef("kernelset.ops.softmax.kernels", "_softmax_fwd_split_kernel", ("N", "stride_x", "stride_y"))],
     policies=[PolicyRef("kernelset.ops.softmax.launch", "policy", "ks_pol_softmax",
                         lambda mod: {"t": mod.SoftmaxTuning(), "max_block": mod.SoftmaxTuning().max_block_fwd}),
@@ -87,12 +87,13 @@ SOFTMAX_FWD = Op(
   /* esize: x's element size (fp32 4, fp16/bf16 2) */
   if (ks_pol_softmax_split(N, x_dtype == KS_DT_F32 ? 4 : 2, sms, &sp)) return ks_gen_policy_failed(err, errlen, "split_policy");
   if (sp.split) {
-    /* the split kernel (kernelset/ops/rowsync.py): partials, then the zeroed counters, in the
-     * discard buffer, as the launcher's torch.empty ones */
+    /* the split kernel (kernelset/ops/common/row_barrier.py): partials, then the zeroed counters,
+     * in the discard buffer, as the launcher's torch.empty ones */
     void *part = ks_cuda_plan_scratch(plan, M * 2 * sp.split_p2 * 4);
     void *sync = ks_cuda_plan_scratch(plan, (M + 1) * 4);
-    ks_status_t s = ks_k_rowsync_zero_kernel(plan, err, errlen, (M + KS_ROWSYNC_ZERO_BLOCK) / KS_ROWSYNC_ZERO_BLOCK, 1, 1, 4, -1, 1,
-        sync, KS_DT_I32, M + 1, KS_ROWSYNC_ZERO_BLOCK);
+    ks_status_t s = ks_k_row_barrier_zero_kernel(plan, err, errlen,
+        (M + KS_ROW_BARRIER_ZERO_BLOCK) / KS_ROW_BARRIER_ZERO_BLOCK, 1, 1, 4, -1, 1, sync, KS_DT_I32, M + 1,
+        KS_ROW_BARRIER_ZERO_BLOCK);
     if (s != KS_OK) return s;
     return ks_k_softmax_fwd_split_kernel(plan, err, errlen, M * sp.split, 1, 1, sp.num_warps, -1, 0,
         X, x_dtype, Y, y_dtype, part, KS_DT_F32, sync, KS_DT_I32, M, N, sp.split, stride_x, stride_y, inv_t, log,
@@ -111,5 +112,5 @@ SOFTMAX_FWD = Op(
     c_args=_softmax_c_args,
     modules=("kernelset.ops.softmax.launch",),
     placed=_softmax_placed,
-    c_decls=_rowsync_decls,
+    c_decls=_row_barrier_decls,
 )

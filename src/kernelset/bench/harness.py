@@ -182,7 +182,7 @@ def run_case(spec: registry.OpSpec, case: registry.BenchCase, device: torch.devi
         # every implementation starts from the same allocator state: the reference's freed
         # temporaries (gigabytes at the wide shapes) would otherwise sit in torch's cache for the
         # first one timed only, and a written block there slows the wide-row kernels by about 2
-        # points (docs/benchmarks/2026-11-25-h100-s14, run 10); the references stay alive for all
+        # points (H100, 2026-11-25); the references stay alive for all
         torch.cuda.empty_cache()
         t0 = time.time()
         m = Measurement(name)

@@ -77,6 +77,9 @@ class OpSpec:
     bench: tuple[BenchCase, ...] = ()
     c_abi: bool = False
     differentiable: bool = True
+    # device -> (args, kwargs): small valid inputs of a call, fresh each time (the contract tests'
+    # case; None where tests/test_contract.py still keeps the op's case itself)
+    example: Callable[[torch.device], tuple[tuple, dict]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,12 +178,10 @@ def catalog() -> tuple[CatalogEntry, ...]:
 
 
 def catalog_markdown() -> str:
-    """The README's catalog table (``ksctl list --markdown``), one row per declared op in family order;
+    """The README's catalog table (``ksctl list --markdown``), one row per declared op, by family and name;
     every public op also takes ``backend=`` (AUTO or a backend name), left out of the signatures."""
-    order = ("norm", "activation", "softmax", "loss", "embedding", "optim", "rope", "attention", "kvcache", "mla")
-    rank = {f: i for i, f in enumerate(order)}
     rows = ["| family | op | backends (priority order) | C ABI | formula |", "|---|---|---|---|---|"]
-    for e in sorted(catalog(), key=lambda e: (rank.get(e.spec.family, len(order)), e.spec.family, e.name)):
+    for e in sorted(catalog(), key=lambda e: (e.spec.family, e.name)):
         sig = e.spec.signature.replace(", *, backend='auto')", ")").replace(", backend='auto')", ")")
         sig = sig.replace("(*, backend='auto')", "()")
         cells = (e.spec.family, f"`{sig}`", ", ".join(e.backends), "yes" if e.spec.c_abi else "no", e.spec.doc)

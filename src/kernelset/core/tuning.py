@@ -11,7 +11,7 @@ T = TypeVar("T")
 
 @dataclasses.dataclass(frozen=True)
 class SplitLaunch:
-    """A split kernel's launch (kernelset/ops/rowsync.py), what every family's split policy
+    """A split kernel's launch (kernelset/ops/common/row_barrier.py), what every family's split policy
     returns (the C ABI translates them to one struct)."""
     chunk: int  # columns (logits) per program
     split: int  # programs per row; 0: no split launch
@@ -21,7 +21,7 @@ class SplitLaunch:
 
 @dataclasses.dataclass(frozen=True)
 class RingLaunch:
-    """A ring kernel's launch (kernelset/ops/ring_sm90.py: rows held in a TMA ring in shared
+    """A ring kernel's launch (kernelset/ops/common/tma_ring_sm90.py: rows held in a TMA ring in shared
     memory on sm_90), what the ring policies of the norm and softmax families return."""
     split: int  # programs per row (portions of equal width)
     split_p2: int  # next power of two: the partials' row pitch

@@ -1,10 +1,19 @@
-"""Op families. Importing one declares its ops in the registry and registers its implementations."""
-from . import activation, embedding, loss, norm, rope, softmax
+"""Op families, one subpackage each. Importing a family declares its ops in the registry and registers
+their implementations; its ``__all__`` is what ``kernelset`` exports from it (``PUBLIC`` where the
+top-level names differ: optim's AdamW stays ``ks.optim.AdamW``). A new family folder is found here
+by itself: no list to edit. ``common/`` (launch machinery) and ``quant/`` (number formats, until it
+declares ops) define no ``__all__`` and are not families."""
+from __future__ import annotations
 
-__all__ = ["activation", "embedding", "loss", "norm", "rope", "softmax"]
-from . import optim  # noqa: E402
+import importlib
+import pkgutil
+from types import ModuleType
 
-__all__ += ["optim"]
-from . import attention, kvcache  # noqa: E402
+FAMILIES: dict[str, ModuleType] = {}
+for _info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+    if _info.ispkg:
+        _module = importlib.import_module(f"{__name__}.{_info.name}")
+        if getattr(_module, "__all__", None):
+            FAMILIES[_info.name] = _module
 
-__all__ += ["attention", "kvcache"]
+__all__ = sorted(FAMILIES)

@@ -3,7 +3,7 @@
 The interpreter (Triton 3.6-3.9) truncates on fp32 -> bf16 casts, and its RTNE path neither
 carries into the exponent nor breaks ties to even. GPUs round to nearest even, so without this
 patch a bit-exact test (x + residual equals torch's bf16 add) would fail on CPU only. Installed
-by kernelset when it wraps its first interpreted kernel (``ops/triton_launch.py``: Triton is
+by kernelset when it wraps its first interpreted kernel (``ops/common/fast_launch.py``: Triton is
 imported then, never at import of kernelset); calling it again does nothing.
 """
 from __future__ import annotations

@@ -20,8 +20,8 @@ def _gelu_phi(g):
     # in exact arithmetic, ~1e-5 in fp32 at a ~ 6), erfc(-a) = 2 - erfc(a). No cancellation in
     # the negative tail, where (1 + erf(g / sqrt 2)) / 2 loses every digit (g < -5.5 gives 0), and
     # fewer instructions than libdevice's erff (on the H200 the erf form held gelu_and_mul at
-    # 83-91% of copy: scripts/act_tune.py, docs/benchmarks/2026-11-27-s18). The constants are
-    # folded (session 26): h = erfc(a) / 2 = t exp2(Q(t) - log2(e) g^2 / 2) with Q = log2(e) P - 1
+    # 83-91% of copy, 2026-11-27). The constants are
+    # folded (2026-11-27): h = erfc(a) / 2 = t exp2(Q(t) - log2(e) g^2 / 2) with Q = log2(e) P - 1
     # (P's coefficients times log2(e), the halving in its constant), so the exp is one ex2 and
     # t's denominator one FMA; Phi = h for g <= 0, 1 - h above.
     t = 1.0 / (1.0 + 0.3535533905932738 * tl.abs(g))

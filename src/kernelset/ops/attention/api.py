@@ -23,7 +23,7 @@ from ...core.enums import AUTO, Backend
 from ...core.errors import ArgumentError, UnsupportedError
 from ...core.registry import Impl
 from ..kvcache.api import check_cache, check_scale
-from ..kvcache.reference import FP8
+from ..quant.formats import FP8
 from . import backends  # noqa: F401  (declares the ops and registers their implementations)
 from .backends import AttnBackend
 

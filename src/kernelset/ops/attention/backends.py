@@ -424,7 +424,7 @@ def _sdpa_own(backend: AttnBackend):
         if backend is AttnBackend.SDPA_CUDNN and p["shape_class"] == "decode" and p.attrs.get("auto"):
             # a named sdpa_cudnn still runs such a call
             return ("AUTO skips cuDNN for decode-shaped calls: it builds an execution plan for every new KV "
-                    "length, i.e. at every decode step (63-69 ms per call on an H100, scripts/decode_ops.py)")
+                    "length, i.e. at every decode step (63-69 ms per call on an H100, 2026-11-25)")
         return p.attrs.get("sdpa", {}).get(str(backend), "torch's verdict is unknown")
     return supports
 

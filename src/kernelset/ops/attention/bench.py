@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ...bench.adapter import BenchAdapter, ShapeGrammar, compiled, runner
-from ..kvcache.reference import FP8, dequantize, quantize
+from ..quant.formats import FP8, dequantize, quantize
 from . import api
 from . import reference as R
 

@@ -16,7 +16,7 @@ The split count is a runtime int (it enters only the partials' index; SPLIT says
 partials), so one compiled variant serves every context length: the C ABI's ahead-of-time build
 (capi/aot) embeds one per group size, head size and feature set, not one per split count. The
 group size G stays a constexpr: as a runtime int it cost 11% on an fp8 cache and 22% at head size
-256 (H100, B64 ctx 4096: 312 vs 281 us, 878 vs 717 us; docs/benchmarks/2026-11-23-h100-s5), though it enters only
+256 (H100, B64 ctx 4096: 312 vs 281 us, 878 vs 717 us; 2026-11-23), though it enters only
 the prologue. The flash-attention forward takes G at run time (one division per program; its time
 did not change: 661 us vs 663 us before, the C ABI GPU check).
 

@@ -16,7 +16,7 @@ from ...core import config
 from ...core.alloc import empty
 from ...core.arch import device_arch
 from ...core.tuning import TuningStack, hash_once
-from ..triton_launch import FastKernel
+from ..common.fast_launch import FastKernel
 from .kernels import (_flash_attn_bwd_dkdv_kernel, _flash_attn_bwd_dq_kernel, _flash_attn_bwd_pre_kernel,
                       _flash_attn_fwd_kernel, _merge_attn_states_kernel, _paged_attn_fwd_kernel,
                       _paged_attn_reduce_kernel)
@@ -77,7 +77,7 @@ def paged_policy(batch: int, kv_heads: int, group: int, head_dim: int, max_seqle
     rows = max_seqlen_q * group
     # decode: the group's heads of one token (a tile of 16 to 64 rows); more query tokens: 64-row tiles
     block_m = min(64, max(16, _pow2(rows)))
-    # keys per iteration, from the H100 sweep (scripts/paged_tune.py, docs/benchmarks/2026-11-23-h100-s4):
+    # keys per iteration, from the H100 sweep (2026-11-23):
     # decode over a 16/32-bit cache at D <= 128: 32 (97% of copy at B64 ctx4096 against 90% with 64);
     # an fp8 cache: 128 (dequantising in wider tiles: 270 us against 383 us with 32)
     if tuning.block_n:
@@ -99,7 +99,7 @@ def paged_policy(batch: int, kv_heads: int, group: int, head_dim: int, max_seqle
         splits = min(math.ceil(tuning.waves * sms / base), -(-keys // tuning.min_partition))
     splits = max(1, min(splits, tuning.max_splits))
     # the policy's own splits cover whole multiples of 512 keys: on the H100 at B8 ctx32768, 9 splits
-    # of 3648 keys ran 37% slower than 8 of 4096 (505 against 369 us, scripts/paged_tune.py)
+    # of 3648 keys ran 37% slower than 8 of 4096 (505 against 369 us, 2026-11-23)
     gran = block_n if tuning.splits is not None else max(block_n, 512)
     partition = -(-(-(-keys // splits)) // gran) * gran
     splits = -(-keys // partition)
@@ -233,7 +233,7 @@ class FlashLaunch:
 @dataclasses.dataclass(frozen=True)
 class FlashTuning:
     """Forces a whole FlashLaunch (tests: 16-row tiles so small shapes cross block boundaries;
-    GPU sweeps: scripts/attention_table.py --tune)."""
+    a GPU sweep passes other launches through FLASH_TUNING.use(...))."""
 
     launch: FlashLaunch | None = None
 
@@ -252,10 +252,10 @@ def flash_policy(head_dim: int, v_dim: int, arch: tuple[int, int] | None) -> Fla
     if bd <= 64:
         return FlashLaunch(128, 64, 4, 3 if hopper else 2, 64, 128, 8, 2, 128, 64, 4, 2, atomic_dq=hopper)
     if bd <= 128:
-        if hopper:  # atomic dQ: 32 rows x 128 keys, 8 warps, dQ^T = K^T dS^T (scripts/flash_bwd_tune.py)
+        if hopper:  # atomic dQ: 32 rows x 128 keys, 8 warps, dQ^T = K^T dS^T (H100, 2026-11-25)
             return FlashLaunch(128, 64, 8, 3, 32, 128, 8, 3, 128, 32, 8, 2, atomic_dq=True, dq_trans=True)
         return FlashLaunch(128, 64, 8, 2, 64, 64, 8, 2, 128, 32, 8, 2)
-    if hopper:  # atomic dQ, 2 stages: 9.1 vs 14.2 ms backward at D256, 6.8 vs 9.5 at 192/128 (session 9 run 5)
+    if hopper:  # atomic dQ, 2 stages: 9.1 vs 14.2 ms backward at D256, 6.8 vs 9.5 at 192/128 (H100, 2026-11-25)
         return FlashLaunch(64, 64, 8, 2, 32, 64, 8, 2, 64, 32, 8, 1, atomic_dq=True)
     return FlashLaunch(64, 64, 8, 2, 32, 64, 8, 1, 64, 32, 8, 1)
 
@@ -381,7 +381,7 @@ def flash_attention_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causa
     g = hq // hkv
     atomic = p.atomic_dq and not torch.are_deterministic_algorithms_enabled()
     # the transposed dQ product at head sizes padded to 256 gave a wrong dQ on an H100 (Triton 3.6,
-    # D 192: rel err 0.64, docs/benchmarks/2026-11-25-h100-s9 run 3); it is only claimed up to 128
+    # D 192: rel err 0.64, 2026-11-25); it is only claimed up to 128
     trans = atomic and p.dq_trans and bd <= 128
     # the fp32 dQ accumulator (zeroed: query rows no key block reaches get 0); without atomics the
     # kernel gets dk as a pointer it never dereferences

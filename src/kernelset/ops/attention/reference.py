@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from ..kvcache.reference import dequantize
+from ..quant.formats import dequantize
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True, scale: float | None = None,

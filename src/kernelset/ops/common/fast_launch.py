@@ -36,7 +36,7 @@ from typing import Any, Callable, Hashable
 
 import torch
 
-from ..core import config
+from ...core import config
 
 try:
     from triton import knobs as _knobs
@@ -225,7 +225,7 @@ def _interpreter_rounding(fn: Any) -> None:
     elements): the first such kernel installs the fix (idempotent; never at import of kernelset,
     which does not import Triton)."""
     if type(fn).__name__ == "InterpretedFunction":
-        from ..testing.interpreter import patch_bf16_rounding
+        from ...testing.interpreter import patch_bf16_rounding
         patch_bf16_rounding()
 
 
@@ -245,7 +245,7 @@ class FastKernel:
         self.positional_only = self.direct and all(self.const[self.first_const:])
         # Gluon kernels name ``num_warps`` as a constexpr parameter: the launch option binds it
         self.nw_param = "num_warps" in self.const_names
-        self.last: Any = None  # the compiled kernel of the latest direct or generic-key launch (ops/ring.py reads it)
+        self.last: Any = None  # the compiled kernel of the latest direct or generic-key launch (ring_host reads it)
         self.cache: dict[tuple, Any] = {}  # generic-key launches
         self.layouts: dict[tuple[type, ...], _Layout] = {}  # fast-key launches, per layout of argument types
         self.sites: dict[Hashable, Callable[[tuple, tuple], bool]] = {}  # bound launches (see ``at``)

@@ -1,6 +1,6 @@
-"""Host side of the sm_90 ring kernels (``ring_sm90.py``, Gluon): where they can run, their TMA
-descriptor, grid and row counters. No Gluon import at module level: a Triton without Gluon only
-makes :func:`gluon_kernel` return its reason.
+"""Host side of the sm_90 ring kernels (each family's ``ring_sm90.py``, Gluon, built on
+``tma_ring_sm90.py``): where they can run, their TMA descriptor, grid and row counters. No Gluon
+import at module level: a Triton without Gluon only makes :func:`gluon_kernel` return its reason.
 """
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import importlib
 
 import torch
 
-from ..core import gpus
-from ..core.arch import device_arch
-from ..core.tuning import RingLaunch
-from .rowsync import launches
-from .triton_launch import FastKernel
+from ...core import gpus
+from ...core.arch import device_arch
+from ...core.tuning import RingLaunch
+from .fast_launch import FastKernel
+from .row_barrier import launches
 
 
 @functools.lru_cache(maxsize=None)
@@ -88,7 +88,7 @@ def launch_args(x: torch.Tensor, m: int, n: int, nslot: int, rp: RingLaunch, sms
                 ref: tuple[str, str] | None = None, spec: tuple = ()) -> tuple | None:
     """(grid, TMA descriptor of x, zeroed SYNC, PART) of one ring launch over x [m, n], or None
     where x does not allow it (rows not contiguous, x not 16-byte aligned: the TMA needs both) or
-    the two-launch form was asked for (``rowsync.two_launches``: the ring has none). The grid
+    the two-launch form was asked for (``row_barrier.two_launches``: the ring has none). The grid
     keeps every group resident: the policy's programs per SM, or fewer where the compiled kernel
     ``ref`` (with ``spec``) was found to fit fewer (:func:`learn`)."""
     if not (x.is_contiguous() and x.data_ptr() % 16 == 0):

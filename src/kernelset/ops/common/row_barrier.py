@@ -48,8 +48,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..core import config
-from .triton_launch import FastKernel
+from ...core import config
+from .fast_launch import FastKernel
 
 
 @triton.jit
@@ -205,17 +205,17 @@ def tree_sum(v, N: tl.constexpr):
 
 
 @triton.jit
-def _rowsync_zero_kernel(SYNC, n, BLOCK: tl.constexpr):
+def _row_barrier_zero_kernel(SYNC, n, BLOCK: tl.constexpr):
     """SYNC[:n] = 0 (the ticket counter and the rows' arrival counts of one launch)."""
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(SYNC + i, tl.zeros([BLOCK], dtype=tl.int32), mask=i < n)
 
 
 ZERO_BLOCK = 1024
-_zero = FastKernel(_rowsync_zero_kernel)
+_zero = FastKernel(_row_barrier_zero_kernel)
 
 
-_two_launches: ContextVar[bool] = ContextVar("ks_rowsync_two_launches", default=False)
+_two_launches: ContextVar[bool] = ContextVar("ks_row_barrier_two_launches", default=False)
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""Shared pieces of the sm_90 ring kernels (Gluon): rows held in shared memory, fed by TMA.
+"""Shared pieces of the sm_90 ring kernels (Gluon): a TMA-fed ring buffer in shared memory for
+reductions over rows split across programs.
 
 A ring kernel's program owns one portion of a row (``S`` programs per row) and walks rows
 g, g + G, ... with its group; its portion arrives in chunks of ``[BOXR, 256]`` elements (x seen as
@@ -7,9 +8,9 @@ chunks ahead (``ring_start``); a chunk is read with ``ring_wait`` and its buffer
 TMA with ``ring_release`` once it is in registers. A row's programs exchange partials through
 global memory: ``row_wait`` (the count, release / acquire), ``row_max_sum`` (a softmax's (max,
 sum), for softmax and cross-entropy). The kernels themselves only hold their statistics and their
-output math. Users: ``norm/ring_sm90.py`` (RMSNorm
-forward), ``softmax/ring_sm90.py`` (softmax forward), ``loss/ring_sm90.py`` (cross-entropy). Only imported where Gluon's Hopper module
-exists.
+output math. Users: ``norm/ring_sm90.py`` (RMSNorm forward), ``softmax/ring_sm90.py`` (softmax
+forward), ``loss/ring_sm90.py`` (cross-entropy); their host side is ``ring_host.py``. Only
+imported where Gluon's Hopper module exists.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import functools
 import torch
 
 from ...core.alloc import empty
-from ..triton_launch import FastKernel
+from ..common.fast_launch import FastKernel
 from .kernels import _embedding_bwd_kernel, _embedding_fwd_kernel
 
 _fwd = FastKernel(_embedding_fwd_kernel)

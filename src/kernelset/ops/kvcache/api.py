@@ -18,8 +18,8 @@ from ...core import checks, dispatch
 from ...core.autograd import mark_written
 from ...core.enums import AUTO, Backend
 from ...core.errors import ArgumentError, ArgumentTypeError
+from ..quant.formats import FP8
 from . import backends  # noqa: F401  (declares the ops and registers their implementations)
-from .reference import FP8
 
 CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, FP8)
 _INT = (torch.int32, torch.int64)

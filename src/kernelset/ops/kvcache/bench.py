@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ...bench.adapter import BenchAdapter, ShapeGrammar, compiled
+from ..quant.formats import FP8, quantize
 from . import api
 from . import reference as R
 
@@ -30,7 +31,7 @@ def _cache_inputs(shape, dtype, device, mode):
     blocks = torch.randperm(nb, device=device)[: -(-t // _BS)]
     pos = torch.arange(t, device=device)
     slots = blocks[pos // _BS] * _BS + pos % _BS
-    cdt = R.FP8 if fp8 else dtype
+    cdt = FP8 if fp8 else dtype
     k_cache = torch.randn(nb, _BS, h, d, device=device).to(cdt)
     v_cache = torch.randn(nb, _BS, h, d, device=device).to(cdt)
     scales = (torch.tensor(0.05, device=device), torch.tensor(0.04, device=device)) if fp8 else (None, None)
@@ -40,8 +41,8 @@ def _cache_inputs(shape, dtype, device, mode):
 
 def _native_cache(key, value, k_cache, v_cache, slots, k_scale, v_scale):
     h, d = key.shape[1:]
-    k_cache.view(-1, h, d)[slots] = R.quantize(key, k_scale, k_cache.dtype)
-    v_cache.view(-1, h, d)[slots] = R.quantize(value, v_scale, v_cache.dtype)
+    k_cache.view(-1, h, d)[slots] = quantize(key, k_scale, k_cache.dtype)
+    v_cache.view(-1, h, d)[slots] = quantize(value, v_scale, v_cache.dtype)
     return k_cache, v_cache
 
 

@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from ..triton_launch import FastKernel
+from ..common.fast_launch import FastKernel
 from .kernels import _copy_blocks_kernel, _reshape_and_cache_kernel
 
 _cache = FastKernel(_reshape_and_cache_kernel)

@@ -2,29 +2,13 @@
 
 Cache layout (vLLM / FlashAttention): ``[num_blocks, block_size, Hkv, D]``; a slot is
 ``block * block_size + offset``. An fp8 e4m3 cache stores ``value / scale`` saturated to
-[-448, 448] (round to nearest even), one fp32 scale per tensor.
+[-448, 448] (round to nearest even), one fp32 scale per tensor (``ops/quant/formats.py``).
 """
 from __future__ import annotations
 
 import torch
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0  # largest finite e4m3fn value
-
-
-def quantize(x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-    """x in the cache's dtype: x / scale saturated to the e4m3 range for fp8, a plain cast otherwise."""
-    if dtype != FP8:
-        return x.to(dtype)
-    s = scale.reshape(()).float() if scale is not None else 1.0
-    return (x.float() / s).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-
-
-def dequantize(x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-    """The cache's values in fp32 (times the scale for fp8)."""
-    if x.dtype != FP8:
-        return x.float()
-    return x.float() * (scale.reshape(()).float() if scale is not None else 1.0)
+from ..quant.formats import quantize
 
 
 def reshape_and_cache(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale) -> None:

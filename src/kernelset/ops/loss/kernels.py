@@ -12,7 +12,7 @@ so a training step reads the logits from HBM once and writes the gradient once.
 the per-row losses for a mean or sum reduction in one program, in a fixed order (the C ABI runs the
 same kernel, so its answer is the Python package's, bit for bit). ``_ce_fwd_split_kernel`` (with a
 gradient, vocabularies wider than one chunk): one program per (row, chunk) holding its logits in
-registers while the row's programs exchange partials (``ops/rowsync.py``), so the logits are read
+registers while the row's programs exchange partials (``ops/common/row_barrier.py``), so the logits are read
 from HBM once whatever L2 holds. ``_ce_grad_scale_kernel``: the gradient's scale for the reduction
 in one program. fp32 math.
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .. import rowsync
+from ..common import row_barrier
 
 _LOG2E = tl.constexpr(1.4426950408889634)
 _LN2 = tl.constexpr(0.6931471805599453)
@@ -155,7 +155,7 @@ def _ce_fwd_split_kernel(X, T, LOSS, LSE, DX, SCALE, PART, SYNC, M, V, split, st
     # max), the target logit: chunk 0 loads it before any program of the row writes, since DX
     # may alias X; with smoothing, sum of z). Chunk 0 writes the row's loss and LSE; every chunk
     # its gradient.
-    tk = rowsync.claim(SYNC, PHASE)
+    tk = row_barrier.claim(SYNC, PHASE)
     row = (tk // split).to(tl.int64)
     chunk = tk % split
     cols = chunk * CHUNK + tl.arange(0, CHUNK)
@@ -176,19 +176,19 @@ def _ce_fwd_split_kernel(X, T, LOSS, LSE, DX, SCALE, PART, SYNC, M, V, split, st
         xt = 0.0
         if chunk == 0:
             xt = tl.load(x_row + tl.where(valid, t, 0)).to(tl.float32)
-        rowsync.publish(PART, SYNC, row, chunk, m_c, s_c, xt, zs_c, NSLOT, SPLIT_P2, PHASE)
+        row_barrier.publish(PART, SYNC, row, chunk, m_c, s_c, xt, zs_c, NSLOT, SPLIT_P2, PHASE)
     if PHASE != 1:
-        pm, ps, pt, pz = rowsync.gather(PART, SYNC, row, split, NSLOT, SPLIT_P2, PHASE)
+        pm, ps, pt, pz = row_barrier.gather(PART, SYNC, row, split, NSLOT, SPLIT_P2, PHASE)
         i = tl.arange(0, SPLIT_P2)
         pm = tl.where(i < split, pm, -float("inf"))
         m = tl.max(pm, axis=0)
         m_safe = tl.where(m == -float("inf"), 0.0, m)  # a row of -inf logits
-        lse = m_safe + tl.log2(rowsync.tree_sum(ps * tl.exp2((pm - m_safe) * _LOG2E), SPLIT_P2)) * _LN2
+        lse = m_safe + tl.log2(row_barrier.tree_sum(ps * tl.exp2((pm - m_safe) * _LOG2E), SPLIT_P2)) * _LN2
         if chunk == 0:
             zt = _softcapped(tl.sum(tl.where(i == 0, pt, 0.0), axis=0), softcap, SOFTCAP)
             loss = (1.0 - smoothing) * (lse - zt) + z_loss * lse * lse
             if SMOOTH:
-                loss += smoothing * (lse - rowsync.tree_sum(pz, SPLIT_P2) / V)
+                loss += smoothing * (lse - row_barrier.tree_sum(pz, SPLIT_P2) / V)
             loss = tl.where(valid, loss, tl.where(bad, float("nan"), 0.0))
             tl.store(LOSS + row, loss)
             tl.store(LSE + row, lse)

@@ -10,9 +10,9 @@ from ...core.alloc import empty
 from ...core.arch import sm_count
 from ...core.checks import row_stride
 from ...core.tuning import RingLaunch, SplitLaunch, TuningStack, hash_once, ring_launch
-from .. import ring
-from ..rowsync import launches
-from ..triton_launch import FastKernel
+from ..common import ring_host
+from ..common.fast_launch import FastKernel
+from ..common.row_barrier import launches
 from .kernels import _ce_fwd_kernel, _ce_fwd_split_kernel, _ce_grad_scale_kernel, _ce_reduce_kernel, _ce_scale_kernel
 
 _fwd = FastKernel(_ce_fwd_kernel)
@@ -25,15 +25,15 @@ _grad_scale = FastKernel(_ce_grad_scale_kernel)
 @hash_once
 @dataclasses.dataclass(frozen=True)
 class CETuning:
-    # measured on H100 (scripts/ce_softmax_tune.py, 8192 x 128256 bf16; docs/benchmarks)
+    # measured on H100 (8192 x 128256 bf16, 2026-11-22)
     block: int = 16384  # vocabulary chunk per loop step, with a gradient
     num_warps: int = 32
     programs_per_sm: int = 4  # persistent grid with a gradient: rows in flight per SM
     block_fwd: int = 16384  # forward only (no gradient): one program per row
     num_warps_fwd: int = 8
     # logits per lane of the loop's [block / ept, ept] view: each lane keeps its own online max
-    # and sum, merged once per row. H200, 8192x128256 with a gradient (lean_loops.py at 1e6c968,
-    # 2026-11-27 s18): 77.9% of copy (8 and 16 alike) against 62.7% for the scalar form, which
+    # and sum, merged once per row. H200, 8192x128256 with a gradient
+    # (2026-11-27): 77.9% of copy (8 and 16 alike) against 62.7% for the scalar form, which
     # reduced every chunk across the program twice; H100 91.6%
     ept: int = 8
     stream_store: bool = True  # gradient stores marked streaming (.cs): 59.5% vs 58.9% on H100
@@ -41,9 +41,9 @@ class CETuning:
     reduce_block: int = 1024  # rows per step of the mean/sum reduction (one program)
     reduce_warps: int = 4
     # split kernel (with a gradient, vocabularies wider than split_chunk): one program per chunk
-    # of split_chunk logits, the row's programs exchange partials (ops/rowsync.py), so the logits
+    # of split_chunk logits, the row's programs exchange partials (ops/common/row_barrier.py), so the logits
     # are read once. Off (0): on H100 it measured slower than the looped kernel (8192x128256
-    # 73.3% of copy at chunk 8192 against 81.8%, scripts/split_tune.py 2026-11-25 s10): the
+    # 73.3% of copy at chunk 8192 against 81.8%, 2026-11-25): the
     # barrier's latency costs more than pass 2's L2 misses at this width
     split_chunk: int = 0
     split_warps: int = 8
@@ -53,10 +53,10 @@ class CETuning:
     # of 256 (portions of ring_portion, the last one ragged), on sm_90 GPUs with at least
     # ring_min_gbs_per_sm of datasheet bandwidth per SM (H100 SXM 25, H200 36; not measured on
     # the PCIe H100's 17.5). Portions of 16384 in chunks of 8 x 256, 9 buffers (36 KB), 4 warps,
-    # 6 programs per SM, as the RMSNorm ring. scripts/ce_ring_tune.py against the first launch
+    # 6 programs per SM, as the RMSNorm ring. Against the first launch
     # (portions of 32768, 16 x 256 chunks, 8 warps, 3 per SM), % of copy: H200 8192x128256 83.6 /
-    # 80.9, 4096x262144 88.1 / 86.2, 16384x65536 89.4 / 85.0 (s22 run 9; 84.9 / 81.1 and 85.8 /
-    # 82.4 in s23 run 1); H100 93.0 / 91.9, 94.5 / 94.0 (s23 run 5). The looped kernel: H200
+    # 80.9, 4096x262144 88.1 / 86.2, 16384x65536 89.4 / 85.0 (2026-11-27; 84.9 / 81.1 and 85.8 /
+    # 82.4 in a second run that day); H100 93.0 / 91.9, 94.5 / 94.0 (2026-11-27). The looped kernel: H200
     # 73.5-76.1%, H100 90.8% at 8192x128256. With smoothing the kernel needs 92-98 registers, past
     # what 6 programs of 4 warps per SM allow (the first launch: H200 55.8% against the looped
     # 74.9%): those rows stay on the looped kernel. 0 turns it off.
@@ -69,8 +69,8 @@ class CETuning:
     ring_warps: int = 4
     ring_programs_per_sm: int = 6
     # a ragged last portion masked per chunk row (row reductions) instead of per element: fits
-    # the launch's registers under Triton 3.9 too (72-79 against 128-144, ptxas); H200 (s23 run
-    # 1) 84.6 / 84.9% at 8192x128256, 87.5 / 85.8% at 4096x262144 against the element-masked
+    # the launch's registers under Triton 3.9 too (72-79 against 128-144, ptxas); H200
+    # (2026-11-27) 84.6 / 84.9% at 8192x128256, 87.5 / 85.8% at 4096x262144 against the element-masked
     # form: mixed, so off under Triton 3.6 (the GPU image), where both fit
     ring_row_masks: bool = False
 
@@ -129,11 +129,11 @@ def ring_choice(v: int, dtype: torch.dtype, device: torch.device, t: CETuning, *
     checks are the launcher's): a gradient, no softcap, no label smoothing, sm_90, Gluon
     importable, the policy's widths and bandwidth class. ``arch`` and ``gbs_per_sm`` describe
     another GPU (``ksctl plan``)."""
-    if not need_grad or softcap or smoothing or not ring.on_sm90(device, arch) or not dtype.is_floating_point:
+    if not need_grad or softcap or smoothing or not ring_host.on_sm90(device, arch) or not dtype.is_floating_point:
         return None
-    gbs = ring.device_gbs_per_sm(device) if gbs_per_sm is None else gbs_per_sm
+    gbs = ring_host.device_gbs_per_sm(device) if gbs_per_sm is None else gbs_per_sm
     rp = ring_policy(v, dtype.itemsize, gbs, t)
-    return rp if rp is not None and ring.gluon_kernel(*_RING)[0] is not None else None
+    return rp if rp is not None and ring_host.gluon_kernel(*_RING)[0] is not None else None
 
 
 def _ring_rows(logits, target, loss, lse, dx, scale, ignore_index, z_loss, rp: RingLaunch, sms) -> bool:
@@ -142,14 +142,14 @@ def _ring_rows(logits, target, loss, lse, dx, scale, ignore_index, z_loss, rp: R
     ragged = rp.split * rp.chunks * rp.box_rows * 256 != v
     row_masks = ragged and active().ring_row_masks
     spec = (ragged, row_masks, target.dtype)
-    la = ring.launch_args(logits, m, v, 2, rp, sms, _RING, spec) if dx.is_contiguous() else None
+    la = ring_host.launch_args(logits, m, v, 2, rp, sms, _RING, spec) if dx.is_contiguous() else None
     if la is None:
         return False
     grid, desc, sync, part = la
-    ring.gluon_kernel(*_RING)[0](grid, desc, logits, target, loss, lse, dx, scale, part, sync, m, v, ignore_index,
+    ring_host.gluon_kernel(*_RING)[0](grid, desc, logits, target, loss, lse, dx, scale, part, sync, m, v, ignore_index,
                                  z_loss, RAGGED=ragged, ROW_MASKS=row_masks, S=rp.split, S_P2=rp.split_p2, NCH=rp.chunks,
                                  BOXR=rp.box_rows, NB=rp.buffers, num_warps=rp.num_warps)
-    ring.learn(_RING, rp, logits.dtype, spec)
+    ring_host.learn(_RING, rp, logits.dtype, spec)
     return True
 
 

@@ -1,5 +1,5 @@
 """Cross-entropy forward with its gradient for wide vocabularies on sm_90, written in Gluon: the
-logits kept on chip in a TMA ring (``ops/ring_sm90.py``), as the RMSNorm and softmax ring
+logits kept on chip in a TMA ring (``ops/common/tma_ring_sm90.py``), as the RMSNorm and softmax ring
 forwards.
 
 The looped kernel (``kernels.py``) reads each row twice, the second time from L2; on the H200 that
@@ -7,7 +7,7 @@ stops it at 76-78% of copy at 8192x128256 (the H100 reaches 90.7%), as it stoppe
 RMSNorm forward at 78-79% where its ring form reaches 87-89%. Here a row's portions of
 ``P = NCH * BOXR * 256`` logits (one program each, ``S`` per row) arrive by TMA into a ring of
 ``NB`` chunks issued ahead; the programs exchange each portion's (max, sum of exponentials)
-through global memory (the rowsync protocol), then write the gradient from the ring, already
+through global memory (the row-barrier protocol), then write the gradient from the ring, already
 scaled for the reduction, as the looped kernel does; the target's share is written once per row
 by the program whose portion holds it, after a CTA barrier.
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from ..ring_sm90 import cta_barrier, ring_end, ring_release, ring_start, ring_wait, row_max_sum
+from ..common.tma_ring_sm90 import cta_barrier, ring_end, ring_release, ring_start, ring_wait, row_max_sum
 
 LOG2E = gl.constexpr(1.4426950408889634)
 LN2 = gl.constexpr(0.6931471805599453)

@@ -19,7 +19,7 @@ from ...core.enums import AUTO, Backend
 from ...core.errors import ArgumentError
 from ..attention.api import AttentionOutput, _check_bounds, _hot_path
 from ..kvcache.api import check_scale
-from ..kvcache.reference import FP8
+from ..quant.formats import FP8
 from . import backends  # noqa: F401  (declares the op and registers its implementations)
 
 _HALF = (torch.float16, torch.bfloat16)

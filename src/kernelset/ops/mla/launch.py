@@ -16,7 +16,7 @@ from ...core.alloc import empty
 from ...core.tuning import TuningStack, hash_once
 from ..attention.kernels import _paged_attn_reduce_kernel
 from ..attention.launch import ReduceLaunch, sm_count
-from ..triton_launch import FastKernel
+from ..common.fast_launch import FastKernel
 from .kernels import _mla_decode_fwd_kernel
 
 _fwd = FastKernel(_mla_decode_fwd_kernel)
@@ -30,7 +30,7 @@ def _pow2(n: int) -> int:
 @hash_once
 @dataclasses.dataclass(frozen=True)
 class MlaTuning:
-    """Knobs of the MLA policy (tests force rare shapes; scripts/mla_tune.py sweeps them on a GPU)."""
+    """Knobs of the MLA policy (tests force rare shapes; a GPU sweep passes them through TUNING.use(...))."""
 
     splits: int | None = None  # force this many KV splits (None: the policy decides)
     block_h: int | None = None  # heads per program (None: up to 64)
@@ -48,7 +48,7 @@ class MlaTuning:
     # eager calls (not under CUDA-graph capture) take the Gluon kernel only from this much work,
     # batch x heads x max_keys (B64 ctx4096 at 128 heads is 2^25): its launch (two TMA descriptors
     # built and encoded per call) costs 20-65 us more host time than the Triton kernel's on the lent
-    # H100 host (session 12 run 12), which an eager call earns back only on large batches; calls
+    # H100 host (2026-11-25), which an eager call earns back only on large batches; calls
     # under capture (how serving engines run decode) always take it
     wgmma_eager_min_work: int = 1 << 24
     wgmma_ws: bool = True  # warp-specialized form (warpgroup 0: QK + softmax + PV half; 1: PV half + loads)
@@ -82,7 +82,7 @@ def mla_policy(batch: int, heads: int, rank: int, rope_dim: int, max_keys: int, 
     block_p = max(16, _pow2(rope_dim))
     # tl.dot needs M >= 16; 64 heads x 512 fp32 accumulators are 128 registers per thread at 8 warps
     block_h = tuning.block_h or min(64, max(16, _pow2(heads)))
-    # measured on an H100 (scripts/mla_tune.py, docs/benchmarks/2026-11-23-h100-s3): 64 tokens per
+    # measured on an H100 (2026-11-23): 64 tokens per
     # iteration at 64-head tiles (25.5% of copy vs 21% at 32), 32 for small head counts
     block_n = tuning.block_n or (64 if block_h >= 64 else 32)
     head_tiles = -(-heads // block_h)
@@ -106,7 +106,7 @@ def mla_policy(batch: int, heads: int, rank: int, rope_dim: int, max_keys: int, 
     # fp8 caches: one stage measured 8% faster than two at 64-head tiles (the e4m3 widening
     # between load and dot leaves nothing for a second buffer to hide)
     stages = (1 if block_h >= 64 else 2) if fp8 else 2  # (nested: the C translation takes no `and` of ints)
-    # block-table prefetch, H100 (docs/benchmarks/2026-11-25-h100-s9 run 6): 16 heads 167 -> 136 us,
+    # block-table prefetch, H100 (2026-11-25): 16 heads 167 -> 136 us,
     # 128 heads 416 -> 405 us; an fp8 cache at 64-head tiles (one stage) 445 -> 459 us, so not there
     prefetch = (block_h < 64) if fp8 else True
     if tuning.prefetch_pages is not None:

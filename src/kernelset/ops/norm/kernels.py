@@ -10,7 +10,7 @@ All statistics are fp32. Two shapes of kernel:
   so a row larger than the register file still costs about one read from HBM while few rows are
   in flight;
 - the split forward spreads one row over ``split`` programs, each holding a chunk in registers,
-  which exchange partial statistics through ``ops/rowsync.py``: one read of x for any width.
+  which exchange partial statistics through ``ops/common/row_barrier.py``: one read of x for any width.
 
 ``_rms_fwd_torch_order_kernel`` is RMSNorm with mean(x^2) summed in the order of torch's CUDA
 ``x.pow(2).mean(-1)`` (see ``reference.torch_cuda_mean_sq``), so a transformers RMSNorm module is
@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .. import rowsync
+from ..common import row_barrier
 
 
 @triton.jit
@@ -42,10 +42,10 @@ def _norm_fwd_kernel(X, R, W, B, Y, H, MEAN, RSTD, M, N, stride_x, stride_r, str
                      ROWS: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr, HAS_OFFSET: tl.constexpr):
     # EVEN: N == BLOCK_N, no column mask (LayerNorm's centred values need no zeroing either).
     # HAS_OFFSET: offset != 0 (Gemma's 1 + w); a runtime add of 0.0 per weight element cost the
-    # two-pass kernel 4 points of copy at 16384x8192 on the H200 (norm_fwd_probe.py --two-pass).
+    # two-pass kernel 4 points of copy at 16384x8192 on the H200 (2026-11-27).
     # One row per program (every block of 2048 and wider): the row's base is one scalar int64
     # pointer and the columns int32 offsets; several rows: int64 offsets per element. H200
-    # (scripts/norm_fwd_probe.py, session 19): LayerNorm 16384x8192 86.7 -> 95.6% of copy.
+    # (2026-11-27): LayerNorm 16384x8192 86.7 -> 95.6% of copy.
     pid = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
@@ -253,11 +253,11 @@ def _norm_fwd_split_kernel(X, R, W, B, Y, H, MEAN, RSTD, PART, SYNC, M, N, split
                            HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, GEMMA_CAST: tl.constexpr,
                            STORE_STATS: tl.constexpr, CHUNK: tl.constexpr, SPLIT_P2: tl.constexpr,
                            PHASE: tl.constexpr):
-    # One program per (row, chunk of CHUNK columns), ``split`` chunks per row (see ops/rowsync.py):
+    # One program per (row, chunk of CHUNK columns), ``split`` chunks per row (see ops/common/row_barrier.py):
     # the chunk stays in registers while the row's programs exchange partials, so x is read from
     # HBM once. Partials: RMS (sum x^2, -, -, -); LayerNorm (sum x, sum (x - chunk mean)^2, -, -),
     # merged in chunk order (Chan et al.).
-    t = rowsync.claim(SYNC, PHASE)
+    t = row_barrier.claim(SYNC, PHASE)
     row = (t // split).to(tl.int64)
     chunk = t % split
     cols = chunk * CHUNK + tl.arange(0, CHUNK)
@@ -266,8 +266,8 @@ def _norm_fwd_split_kernel(X, R, W, B, Y, H, MEAN, RSTD, PART, SYNC, M, N, split
         x = tl.load(H + row * stride_h + cols, mask=m, other=0.0)
     else:
         # read once and written once: x marked evict-first and y streamed (.cs) keep L2 for the
-        # partials, counters and weight (H100, 1024x262144: 92.0% of copy against 89.5% unmarked,
-        # scripts/norm_split_variants.py; either mark alone was slower)
+        # partials, counters and weight (H100 2026-11-25, 1024x262144: 92.0% of copy against 89.5%
+        # unmarked; either mark alone was slower)
         x = tl.load(X + row * stride_x + cols, mask=m, other=0.0, eviction_policy="evict_first")
         if HAS_RESIDUAL:
             r = tl.load(R + row * stride_r + cols, mask=m, other=0.0)
@@ -276,25 +276,25 @@ def _norm_fwd_split_kernel(X, R, W, B, Y, H, MEAN, RSTD, PART, SYNC, M, N, split
     if PHASE != 2:
         xf = x.to(tl.float32)
         if IS_RMS:
-            rowsync.publish(PART, SYNC, row, chunk, tl.sum(xf * xf, axis=0), 0.0, 0.0, 0.0, 1, SPLIT_P2, PHASE)
+            row_barrier.publish(PART, SYNC, row, chunk, tl.sum(xf * xf, axis=0), 0.0, 0.0, 0.0, 1, SPLIT_P2, PHASE)
         else:
             n_c = tl.minimum(N - chunk * CHUNK, CHUNK).to(tl.float32)
             s_c = tl.sum(xf, axis=0)
             d = tl.where(m, xf - s_c / n_c, 0.0)
-            rowsync.publish(PART, SYNC, row, chunk, s_c, tl.sum(d * d, axis=0), 0.0, 0.0, 2, SPLIT_P2, PHASE)
+            row_barrier.publish(PART, SYNC, row, chunk, s_c, tl.sum(d * d, axis=0), 0.0, 0.0, 2, SPLIT_P2, PHASE)
     if PHASE != 1:
-        xf = rowsync.rewiden(x, PHASE)  # the chunk stays 16-bit across the barrier
+        xf = row_barrier.rewiden(x, PHASE)  # the chunk stays 16-bit across the barrier
         if IS_RMS:
-            pa, _pb, _pc, _pd = rowsync.gather(PART, SYNC, row, split, 1, SPLIT_P2, PHASE)
-            var = rowsync.tree_sum(pa, SPLIT_P2) / N
+            pa, _pb, _pc, _pd = row_barrier.gather(PART, SYNC, row, split, 1, SPLIT_P2, PHASE)
+            var = row_barrier.tree_sum(pa, SPLIT_P2) / N
             xn = xf
         else:
-            pa, pb, _pc, _pd = rowsync.gather(PART, SYNC, row, split, 2, SPLIT_P2, PHASE)
+            pa, pb, _pc, _pd = row_barrier.gather(PART, SYNC, row, split, 2, SPLIT_P2, PHASE)
             i = tl.arange(0, SPLIT_P2)
             n_i = tl.minimum(tl.maximum(N - i * CHUNK, 0), CHUNK).to(tl.float32)
-            mean = rowsync.tree_sum(pa, SPLIT_P2) / N
+            mean = row_barrier.tree_sum(pa, SPLIT_P2) / N
             dm = tl.where(n_i > 0, pa / tl.maximum(n_i, 1.0) - mean, 0.0)
-            var = (rowsync.tree_sum(pb, SPLIT_P2) + rowsync.tree_sum(n_i * dm * dm, SPLIT_P2)) / N
+            var = (row_barrier.tree_sum(pb, SPLIT_P2) + row_barrier.tree_sum(n_i * dm * dm, SPLIT_P2)) / N
             xn = xf - mean
         rstd = tl.rsqrt(var + eps)
         xn = xn * rstd
@@ -472,17 +472,17 @@ def _norm_bwd_split_block(DY, X, W, MEAN, RSTD, DRES, DX, DW_PART, DB_PART, PART
         dyw = dy.to(tl.float32)
         if HAS_WEIGHT:
             dyw = dyw * w[None, :]
-        rowsync.publish_rows(PART, SYNC, blk, chunk, tl.sum(xhat * dyw, axis=1), tl.sum(dyw, axis=1), ROWS, NSLOT,
+        row_barrier.publish_rows(PART, SYNC, blk, chunk, tl.sum(xhat * dyw, axis=1), tl.sum(dyw, axis=1), ROWS, NSLOT,
                              SPLIT_P2, PHASE)
     if PHASE != 1:
-        c = rowsync.tree_sum_rows(rowsync.gather_rows(PART, SYNC, blk, split, ROWS, NSLOT, SPLIT_P2, PHASE),
+        c = row_barrier.tree_sum_rows(row_barrier.gather_rows(PART, SYNC, blk, split, ROWS, NSLOT, SPLIT_P2, PHASE),
                                   NSLOT * ROWS, SPLIT_P2) / N
         if IS_RMS:
             c1 = c
         else:  # slot-major: [sums of xhat * w dy; sums of w dy]
             c1, c2 = tl.split(tl.permute(tl.reshape(c, (2, ROWS)), (1, 0)))
-        dyf = rowsync.rewiden(dy, PHASE)  # the tiles stay 16-bit across the barrier
-        xhat = (rowsync.rewiden(x, PHASE) - mean[:, None]) * rstd[:, None]
+        dyf = row_barrier.rewiden(dy, PHASE)  # the tiles stay 16-bit across the barrier
+        xhat = (row_barrier.rewiden(x, PHASE) - mean[:, None]) * rstd[:, None]
         dyw = dyf
         if HAS_WEIGHT:
             dyw = dyf * w[None, :]
@@ -514,7 +514,7 @@ def _norm_bwd_split_kernel(DY, X, W, MEAN, RSTD, DRES, DX, DW_PART, DB_PART, PAR
                            HAS_BIAS: tl.constexpr, HAS_DRES: tl.constexpr, GEMMA_CAST: tl.constexpr,
                            ROWS: tl.constexpr, CHUNK: tl.constexpr, SPLIT_P2: tl.constexpr, PER: tl.constexpr,
                            PHASE: tl.constexpr):
-    # The backward of rows wider than one program (see ops/rowsync.py): a program owns one chunk of
+    # The backward of rows wider than one program (see ops/common/row_barrier.py): a program owns one chunk of
     # CHUNK columns of PER consecutive blocks of ROWS rows (its group), taken one block at a time
     # (a loop only when PER > 1: the straight-line form keeps fewer registers). It holds the
     # block's dy and x tiles in registers while the group's programs exchange the rows' sums of
@@ -522,7 +522,7 @@ def _norm_bwd_split_kernel(DY, X, W, MEAN, RSTD, DRES, DX, DW_PART, DB_PART, PAR
     # its columns to the group's, stored once: dy and x are read from HBM once (against the looped
     # backward's second pass plus a separate dw / db pass over both), and the fp32 dw / db
     # partials are per group of PER blocks (PER times less of that traffic).
-    t = rowsync.claim(SYNC, PHASE)
+    t = row_barrier.claim(SYNC, PHASE)
     grp = t // split
     chunk = t % split
     if PER == 1:

@@ -10,9 +10,9 @@ import torch
 from ...core.alloc import empty, empty_like
 from ...core.arch import sm_count
 from ...core.checks import row_stride
-from .. import ring
-from ..rowsync import launches
-from ..triton_launch import FastKernel
+from ..common import ring_host
+from ..common.fast_launch import FastKernel
+from ..common.row_barrier import launches
 from .kernels import (_norm_bwd_dwdb_kernel, _norm_bwd_kernel, _norm_bwd_looped_kernel, _norm_bwd_split_kernel,
                       _norm_fwd_kernel, _norm_fwd_looped_kernel, _norm_fwd_split_kernel, _rms_fwd_torch_order_kernel,
                       _rms_fwd_two_pass_kernel)
@@ -31,7 +31,7 @@ _bwd_split = FastKernel(_norm_bwd_split_kernel)
 _fwd_torch_order = FastKernel(_rms_fwd_torch_order_kernel)
 
 
-device_gbs_per_sm = ring.device_gbs_per_sm  # (a module global: tests stand another GPU in)
+device_gbs_per_sm = ring_host.device_gbs_per_sm  # (a module global: tests stand another GPU in)
 
 
 def ring_fwd_choice(n: int, dtype: torch.dtype, device: torch.device, tuning: NormTuning, *,
@@ -39,11 +39,11 @@ def ring_fwd_choice(n: int, dtype: torch.dtype, device: torch.device, tuning: No
     """The ring forward's launch where it applies to rows of n on this device (the tensor checks
     are the launcher's): sm_90, Gluon importable, the policy's widths and bandwidth class. ``arch``
     and ``gbs_per_sm`` describe another GPU than this device's (``ksctl plan``)."""
-    if not ring.on_sm90(device, arch):
+    if not ring_host.on_sm90(device, arch):
         return None
     gbs = device_gbs_per_sm(device) if gbs_per_sm is None else gbs_per_sm
     rp = ring_fwd_policy(n, dtype.itemsize if dtype.is_floating_point else 0, gbs, tuning)
-    return rp if rp is not None and ring.gluon_kernel(*_RING)[0] is not None else None
+    return rp if rp is not None and ring_host.gluon_kernel(*_RING)[0] is not None else None
 
 
 _RING = ("kernelset.ops.norm.ring_sm90", "_rms_ring_fwd_kernel")
@@ -52,15 +52,15 @@ _RING = ("kernelset.ops.norm.ring_sm90", "_rms_ring_fwd_kernel")
 def _ring_fwd(x, weight, y, rstd, m, n, eps, offset, gemma_cast, stats, rp: RingLaunch, sms) -> bool:
     """Launch the ring forward where the tensors allow it; False where they do not, and nothing ran."""
     spec = (weight is not None, gemma_cast, stats)
-    la = ring.launch_args(x, m, n, 1, rp, sms, _RING, spec) if y.is_contiguous() else None
+    la = ring_host.launch_args(x, m, n, 1, rp, sms, _RING, spec) if y.is_contiguous() else None
     if la is None:
         return False
     grid, desc, sync, part = la
-    ring.gluon_kernel(*_RING)[0](grid, desc, weight, y, rstd, part, sync, m, n, eps, offset,
+    ring_host.gluon_kernel(*_RING)[0](grid, desc, weight, y, rstd, part, sync, m, n, eps, offset,
                                  HAS_WEIGHT=weight is not None, GEMMA_CAST=gemma_cast, STORE_STATS=stats,
                                  S=rp.split, S_P2=rp.split_p2, NCH=rp.chunks, BOXR=rp.box_rows, NB=rp.buffers,
                                  num_warps=rp.num_warps)
-    ring.learn(_RING, rp, x.dtype, spec)
+    ring_host.learn(_RING, rp, x.dtype, spec)
     return True
 
 

@@ -1,7 +1,7 @@
 """Launch policy of the norm kernels: one pure function per direction, no Triton import.
 
-Used by the launchers, the tests (to force each kernel shape on small inputs) and the GPU
-tuning sweep (``scripts/gpu_check.py``), which passes other :class:`NormTuning` values.
+Used by the launchers and the tests (to force each kernel shape on small inputs); a GPU sweep
+passes other :class:`NormTuning` values through ``policy.use(...)``.
 """
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ class NormTuning:
     max_block_bwd: int = 8192  # same for the backward (holds x, dy and the dw partial)
     fwd_tile: int = 2048  # rows per program are added until a program covers this many elements
     bwd_tile: int = 8192  # rows per backward program grow until this many elements (2 at N=4096;
-    # measured equal to 1 row on H100, docs/benchmarks/2026-11-22-h100/bwd_tile.log)
-    # fixes num_warps: tile / (32 * this), at most fwd_max_warps. Session 19
-    # (scripts/norm_fwd_probe.py): 32 and 16 warps at most give, at 16384x8192 / 32768x4096 /
+    # measured equal to 1 row on H100, 2026-11-22)
+    # fixes num_warps: tile / (32 * this), at most fwd_max_warps. H100 and H200,
+    # 2026-11-27: 32 and 16 warps at most give, at 16384x8192 / 32768x4096 /
     # 8192x16384, LayerNorm 97.4 / 97.4 / 97.7% of copy on the H100 and 96.1 / 95.1 / 92.4% on the
     # H200, against 98.3 / 98.3 / 73.7% and 90.6 / 95.2 / 57.5% with 16 (32 warps at 16384 wide)
     fwd_elems_per_thread: int = 32
@@ -28,8 +28,8 @@ class NormTuning:
     # plain RMSNorm rows of next power of two in [rms_two_pass_from, rms_two_pass_to] take the
     # two-pass forward (``_rms_fwd_two_pass_kernel``: chunks of half the row, the second pass
     # finding the row in L2), rms_two_pass_elems_per_thread per chunk: the block kernel holds
-    # the whole row in registers, and on the H200 fewer loads stay in flight. Session 19
-    # (scripts/norm_fwd_probe.py, runs 2-4), 32768x4096 / 16384x8192: H200 97.7-98.1 / 98.0-98.4%
+    # the whole row in registers, and on the H200 fewer loads stay in flight. 2026-11-27,
+    # 32768x4096 / 16384x8192: H200 97.7-98.1 / 98.0-98.4%
     # of copy against the block kernel's 95.7-96.0 / 96.2-96.3%; H100 98.4 / 98.2% against
     # 98.1 / 98.6%. torch.compile runs this form; the looped forward (persistent, prefetching,
     # pass 2 reversed) reached only 90.7 / 93.4% on the H200. 0 turns it off.
@@ -43,20 +43,19 @@ class NormTuning:
     looped_block: int = 8192  # chunk of the looped backward (rows wider than max_block_bwd)
     looped_warps: int = 16
     # looped forward (rows wider than max_block_fwd): persistent grid, rows in flight per SM
-    # (pass 2 re-reads them from L2); H100 sweep (scripts/norm_tune.py wide, 2026-11-23 s6):
+    # (pass 2 re-reads them from L2); H100 sweep (2026-11-23):
     # 16 warps 93.9% of copy at 4096x65536 against 88.4-89.3% with 32
     looped_block_fwd: int = 16384
     looped_warps_fwd: int = 16
     looped_programs_per_sm: int = 4
     # split forward (rows of split_min_fwd and wider, next power of two, in place of the looped
     # forward): one program per chunk of split_chunk_fwd columns, the row's programs exchange
-    # statistics (ops/rowsync.py), so x is read once at any width; 0 turns it off. H100
-    # (scripts/split_tune.py, 2026-11-25 s10):
-    # 1024x262144 81.8% of copy against the looped 67.6%; at 4096x65536 the looped one wins (93.6%
-    # against 82.7%: its second pass still finds the row in L2), hence the threshold. Session 13
-    # (the chunk kept bf16 across the barrier, cache hints; scripts/split_tune.py --norm,
-    # norm_split_variants.py): 89.3-92.0% at 1024x262144; 8192 x 4 warps stays the best (16384 x 8
-    # 87.5%, 8192 x 8 88.5%, 4096 x 2-4 72-74%)
+    # statistics (ops/common/row_barrier.py), so x is read once at any width; 0 turns it off.
+    # H100 (2026-11-25): 1024x262144 81.8% of copy against the looped 67.6%; at 4096x65536 the
+    # looped one wins (93.6% against 82.7%: its second pass still finds the row in L2), hence the
+    # threshold. With the chunk kept bf16 across the barrier and cache hints (H100, 2026-11-25):
+    # 89.3-92.0% at 1024x262144; 8192 x 4 warps stays the best (16384 x 8 87.5%, 8192 x 8 88.5%,
+    # 4096 x 2-4 72-74%)
     split_chunk_fwd: int = 8192
     split_warps_fwd: int = 4
     split_min_fwd: int = 131072
@@ -65,8 +64,8 @@ class NormTuning:
     dwdb_programs_per_sm: int = 4
     # split backward (rows wider than max_block_bwd, in place of the looped backward and its dw/db
     # pass): one program per (split_rows_bwd rows, split_chunk_bwd columns) tile, the block's
-    # programs exchange the rows' sums (ops/rowsync.py), so dy and x are read once; 0 turns it off.
-    # H100, fwd+bwd bf16 (scripts/norm_bwd_tune.py, 2026-11-25 s14): RMSNorm 4096x65536 77.1% of
+    # programs exchange the rows' sums (ops/common/row_barrier.py), so dy and x are read once; 0
+    # turns it off. H100, fwd+bwd bf16 (2026-11-25): RMSNorm 4096x65536 77.1% of
     # copy against the looped 57.0%, 8192x16384 77-79% against 66.6%, 1024x262144 61.3% against
     # 51.7%; LayerNorm 63.8 / 65.0% against 55.3 / 52.7%. 8 x 1024 x 4 warps is the best of
     # 4-16 rows x 512-4096 columns x 2-8 warps at 65536 and 16384.
@@ -77,9 +76,9 @@ class NormTuning:
     # its columns: the fp32 partials written and read back shrink by that factor (one per block,
     # they are 10% of RMSNorm's traffic at 8-row blocks and 20% of LayerNorm's, with db; twice
     # that where rows past sms * chunk columns halve the block). ``_wide`` where the policy halved
-    # the rows. H100 (s15): at 1024x262144 (4-row blocks) 8 per program, fwd+bwd RMSNorm 61.5 ->
-    # 65.4%, LayerNorm 49.9 -> 55.2% of copy (norm_bwd_tune.py, runs 9-10); at 8-row blocks the
-    # loop's kernel costs more than the sum it saves (backward alone, split_jitter.py run 12:
+    # the rows. H100 (2026-11-25): at 1024x262144 (4-row blocks) 8 per program, fwd+bwd RMSNorm
+    # 61.5 -> 65.4%, LayerNorm 49.9 -> 55.2% of copy; at 8-row blocks the loop's kernel costs more
+    # than the sum it saves (the backward alone, H100 2026-11-25:
     # RMSNorm 0.385 against 0.375 ms at 8192x16384, LayerNorm 1.037 against 0.916 ms at
     # 4096x65536), so one. The loop costs registers, and ptxas's allocation varies with its form
     # (a runtime loop even for one block lost 10 points; an unrolled one spilled): re-measure per
@@ -90,11 +89,11 @@ class NormTuning:
     # ring forward (``ring_sm90.py``: plain RMSNorm rows held in a TMA ring in shared memory, S
     # programs per row exchanging sums of squares): 2-byte contiguous rows of ring_from..ring_to
     # columns, a multiple of ring_portion, on sm_90 GPUs with at least ring_min_gbs_per_sm of
-    # datasheet bandwidth per SM (the H200's 36; the H100's 25 is below). Session 21
-    # (scripts/ring_probe.py, runs 4-7): H200 4096x65536 89.4% of copy against the looped 78.9%;
+    # datasheet bandwidth per SM (the H200's 36; the H100's 25 is below). 2026-11-27:
+    # H200 4096x65536 89.4% of copy against the looped 78.9%;
     # H100 93.1-93.7% against 93.5%; portions of 16384 columns, chunks of 8 x 256, 9 buffers, 4
     # warps, 6 programs per SM (48 registers, 36 KB). Through ks.rms_norm on the H200
-    # (scripts/ring_widths.py, runs 11-12) at 32768 / 49152 / 65536 / 81920 / 98304 columns:
+    # (2026-11-27) at 32768 / 49152 / 65536 / 81920 / 98304 columns:
     # 89.6 / 88.6 / 87.7 / 82.8 / 83.1% against 84.7 / 74.9 / 78.9 / 78.6 / 79.2%; at 131072 and
     # 262144 it loses to the split forward (78.6 / 75.2% against 78.9 / 77.1%). 0 turns it off.
     ring_min_gbs_per_sm: float = 30.0
@@ -108,8 +107,8 @@ class NormTuning:
     # torch_order forward (``_rms_fwd_torch_order_kernel``, transformers' RMSNorm bit for bit): rows
     # per program where torch gives a row 32 lanes (16 rows and more), steps of each lane's sum
     # loaded per iteration, elements per thread in one load (fixes num_warps). The order of the
-    # sum does not depend on them. Session 26 (scripts/torch_order_tune.py, H200, calls replayed
-    # from a CUDA graph): 1 row x 8 steps is the best of 1-8 x 1-8 at every shape, 2048x4096
+    # sum does not depend on them. H200 2026-11-27 (calls replayed from a CUDA
+    # graph): 1 row x 8 steps is the best of 1-8 x 1-8 at every shape, 2048x4096
     # 17.9 -> 12.3 us (44.5 -> 64.4% of copy; F.rms_norm 57.3%), 8192x4096 50.7 -> 66.9%,
     # 2048x5120 39.1 -> 67.9%, 32x4096 9.6 -> 4.0 us; more rows per program lost 5-15 points.
     torch_order_rows: int = 1

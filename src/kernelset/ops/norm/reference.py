@@ -49,7 +49,7 @@ def torch_cuda_mean_block(m: int, n: int) -> tuple[int, int] | None:
     if n <= 128 or n % 4 or n > 16384 or m < 1:
         return None
     width, height = torch_cuda_reduce_block(m, n)
-    per_thread = -(-n // width)  # counted in elements, not vectors (measured: scripts/torch_order_probe.py)
+    per_thread = -(-n // width)  # counted in elements, not vectors (measured on an H200, 2026-11-27)
     if per_thread < height * 16 and per_thread < 256:
         return width, 1  # each warp row sums one output: lanes = block width
     if height == 1 and per_thread < 256:
@@ -57,8 +57,8 @@ def torch_cuda_mean_block(m: int, n: int) -> tuple[int, int] | None:
     # the block's warps split the row too (n >= 8192 from 2 rows up): thread (x, y) sums vectors
     # x + y * width + k * width * height; the block reduces x first (shared memory down to 32,
     # then the warp), then y (shared memory, halving): of four candidate orders only this one gave
-    # torch's bits at all 32 shapes of 2-2048 rows x 8192-16384 (session 26,
-    # scripts/torch_order_probe.py, torch 2.11 on an H200). Rows split across blocks too (256+
+    # torch's bits at all 32 shapes of 2-2048 rows x 8192-16384 (2026-11-27,
+    # torch 2.11 on an H200). Rows split across blocks too (256+
     # values per thread) are not reproduced: torch's own ops run there.
     if -(-n // (width * height)) < 256:
         return width, height

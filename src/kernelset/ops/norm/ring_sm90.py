@@ -7,13 +7,13 @@ row twice (the second time from L2) and the weight once per row, and on the H200
 what HBM does, so those kernels stop at 78-79% of copy; the register-split form waits at each
 row's barrier with nothing in flight (70-78%).
 
-The ring form (``scripts/ring_probe.py``, docs/benchmarks/2026-11-27-s21):
+The ring form (measured on the H200 and the H100, 2026-11-27):
 - ``S`` programs share a row, a portion of ``P = N / S`` columns each (P = 16384), and walk rows
   g, g + G, ... together; g and the portion come from a ticket taken in start order (as
-  ``rowsync.claim``), so a group only ever waits on programs that have started;
+  ``row_barrier.claim``), so a group only ever waits on programs that have started;
 - the portion arrives by TMA in chunks of ``[BOXR, 256]`` elements into a ring of ``NB`` shared
   buffers, issued ``NB`` chunks ahead, so the next row's chunks are in flight while a row's
-  programs exchange their sums of squares (through global memory, as ``rowsync`` does: relaxed
+  programs exchange their sums of squares (through global memory, as ``row_barrier`` does: relaxed
   stores of the partials, a release count, one thread polling it with acquire loads);
 - the output pass reads each chunk from shared memory, frees its buffer to the TMA (the chunk
   ``NB`` ahead) and only then loads the weight (from L2) and stores y; the ring is small (36 KB),
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from ..ring_sm90 import ring_end, ring_release, ring_start, ring_wait, row_wait
+from ..common.tma_ring_sm90 import ring_end, ring_release, ring_start, ring_wait, row_wait
 
 
 @gluon.jit

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import torch
 
 from ...core.alloc import empty
-from ..triton_launch import FastKernel
+from ..common.fast_launch import FastKernel
 from .kernels import (_adamw_fwd_kernel, _adamw_steps_kernel, _norm_finalize_kernel, _norm_partial_kernel,
                       _scale_kernel)
 

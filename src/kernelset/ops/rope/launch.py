@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from ..triton_launch import FastKernel
+from ..common.fast_launch import FastKernel
 from .kernels import _rope_apply_kernel, _rope_ext_fwd_kernel, _rope_fwd_kernel
 
 _fwd = FastKernel(_rope_fwd_kernel)
@@ -51,14 +51,14 @@ def rope_fwd_policy(t: int, hq: int, hk: int, half: int) -> RopeLaunch:
     Where k is a quarter of q or less (GQA) and both fit one program, one program per token
     takes both (``qk_one``), its q and k loads in flight before the position's cos/sin row: the
     (token, tensor) grid then gives a q and a k program of very different sizes. H200, T=16384,
-    % of copy (scripts/rope_probe.py --policy, docs/benchmarks/2026-11-28-s28): 28/4 heads D128
+    % of copy (H200 2026-11-28): 28/4 heads D128
     92.1 against the grid's 88.6-88.9, 32/4 89.3 against 86.8, 32/8 91.2-91.4 against 90.4; warps
     by q's tile, at most k's pairs / 64 (k's tile keeps 2 elements per thread: 8 warps at 32/4
     ran 77%). Equal q and k (32/32 D96: grid 97.3, qk_one 95.0) and small k tiles (8/1 D256:
     grid 82.8, qk_one 61-69) keep the grid, tokens fastest. One launch instead of one per tensor:
     a second launch's start and tail cost 3 points of copy at 32/8 (a copy of the same bytes:
     97.4% in one launch, 94.4% in two); tokens fastest 89.2% against 85.3% with a token's q and k
-    blocks adjacent, and 92.3% with the kernel's evict_first hints (docs/benchmarks/2026-11-27-s20)."""
+    blocks adjacent, and 92.3% with the kernel's evict_first hints (H200 2026-11-27)."""
     block_r = _pow2(half)
     cap = max(1, 2048 // block_r)
     b1 = _heads_per_program(hq, cap)
@@ -138,7 +138,7 @@ def rope_apply_policy(hq: int, hk: int, half: int) -> RopeApplyLaunch:
     """Tiles of _rope_apply_kernel: per token, q's heads and k's heads each in blocks of about
     1024 rotated pairs, sized to the tensor (a k of 8 heads in a 32-head tile left 3/4 of its
     programs' lanes masked: 82.7% of copy on the H200 at B4 S4096 32/8 D128, against 89.3% with
-    16-head q tiles; scripts/rope_probe.py, docs/benchmarks/2026-11-27-s20)."""
+    16-head q tiles; H200 2026-11-27)."""
     block_r = _pow2(half)
     cap = max(1, 1024 // block_r)
     b1, b2 = _heads_per_program(hq, cap), _heads_per_program(hk, cap)
@@ -235,8 +235,7 @@ def ext_tiles(hq: int, hk: int, head_size: int, half: int, norm: bool) -> tuple[
     one launch for both tensors (as _rope_fwd_kernel: two launches cost a launch's host time,
     which made the eager call host-bound on the lent H200 host); one program per token for both
     (QK_ONE, NB = 1) where rope_fwd_policy takes it: k a quarter of q or less, both in one block.
-    H200, T=16384 D128, CUDA-graph replay (scripts/qk_norm_rope_warps.py,
-    docs/benchmarks/2026-11-28-s28): qk_norm_rope 32/8 heads 92.4% of copy against the grid's
+    H200, T=16384 D128, CUDA-graph replay (2026-11-28): qk_norm_rope 32/8 heads 92.4% of copy against the grid's
     86.0%, 32/4 91.2 against 82.1; mrope 32/8 92.9 against 92.6, 32/4 92.0 against 88.7."""
     block_r = _pow2(half)
     block_t = _pow2(max(1, head_size - 2 * half)) if norm else 1

@@ -3,7 +3,7 @@
 In an eager training step each of the three projections records three or four autograd nodes
 (the product, the weight's transpose, the views to ``[B, S, H, D]`` and the transpose to ``[B, H,
 S, D]``) and the rotation one more; at a 1B model's training shapes the host's time to record and
-run them exceeds the GPU's (issue 5, ``scripts/host_autograd.py``). This op does the same work as
+run them exceeds the GPU's (issue 5; H200 2026-11-27). This op does the same work as
 one node:
 
 - forward: the three weights concatenated (one copy) and one product ``x [Wq; Wk; Wv]^T`` (cuBLAS,

@@ -5,7 +5,7 @@ long row in chunks: an online pass for (max, sum of exp) with rescaling (the for
 EPT consecutive values), then the output pass in reverse chunk order; their grid is persistent (a
 few programs per SM), so the rows in flight fit in L2 and the second pass reads them from there.
 Split kernels spread one long row over ``split`` programs, each holding a chunk in registers, which
-exchange per-chunk partials through ``ops/rowsync.py`` (forward: chunk max and sum of exp;
+exchange per-chunk partials through ``ops/common/row_barrier.py`` (forward: chunk max and sum of exp;
 backward: sum of dy * y): one read of the inputs for any row width. fp32 math throughout.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .. import rowsync
+from ..common import row_barrier
 
 
 @triton.jit
@@ -152,27 +152,27 @@ def _softmax_bwd_looped_kernel(DY, Y, DX, M, N, stride_dy, stride_y, stride_dx, 
 def _softmax_fwd_split_kernel(X, Y, PART, SYNC, M, N, split, stride_x, stride_y, inv_t, LOG: tl.constexpr,
                               CHUNK: tl.constexpr, SPLIT_P2: tl.constexpr, PHASE: tl.constexpr):
     # one program per (row, chunk); partials (chunk max, sum of exp(z - chunk max), -, -)
-    t = rowsync.claim(SYNC, PHASE)
+    t = row_barrier.claim(SYNC, PHASE)
     row = (t // split).to(tl.int64)
     chunk = t % split
     cols = chunk * CHUNK + tl.arange(0, CHUNK)
     cm = cols < N
     # read once, written once: the chunk load marked evict-first and y streamed (.cs) keep L2 for the
-    # partials and counters (H100, 4096x131072: 89.5% of copy against 86.7% unmarked,
-    # scripts/norm_split_variants.py; either mark alone was slower)
+    # partials and counters (H100 2026-11-25, 4096x131072: 89.5% of copy against 86.7% unmarked;
+    # either mark alone was slower)
     z = tl.load(X + row * stride_x + cols, mask=cm, other=-float("inf"),
                 eviction_policy="evict_first").to(tl.float32) * inv_t
     if PHASE != 2:
         m_c = tl.max(z, axis=0)
         m_cs = tl.where(m_c == -float("inf"), 0.0, m_c)
         s_c = tl.sum(tl.exp2((z - m_cs) * 1.4426950408889634), axis=0)
-        rowsync.publish(PART, SYNC, row, chunk, m_c, s_c, 0.0, 0.0, 2, SPLIT_P2, PHASE)
+        row_barrier.publish(PART, SYNC, row, chunk, m_c, s_c, 0.0, 0.0, 2, SPLIT_P2, PHASE)
     if PHASE != 1:
-        pm, ps, _pc, _pd = rowsync.gather(PART, SYNC, row, split, 2, SPLIT_P2, PHASE)
+        pm, ps, _pc, _pd = row_barrier.gather(PART, SYNC, row, split, 2, SPLIT_P2, PHASE)
         pm = tl.where(tl.arange(0, SPLIT_P2) < split, pm, -float("inf"))
         m = tl.max(pm, axis=0)
         m = tl.where(m == -float("inf"), 0.0, m)  # an all -inf row gives NaN below, as torch does
-        s = rowsync.tree_sum(ps * tl.exp2((pm - m) * 1.4426950408889634), SPLIT_P2)
+        s = row_barrier.tree_sum(ps * tl.exp2((pm - m) * 1.4426950408889634), SPLIT_P2)
         if LOG:
             y = z - m - tl.log2(s) * 0.6931471805599453
         else:
@@ -184,7 +184,7 @@ def _softmax_fwd_split_kernel(X, Y, PART, SYNC, M, N, split, stride_x, stride_y,
 def _softmax_bwd_split_kernel(DY, Y, DX, PART, SYNC, M, N, split, stride_dy, stride_y, stride_dx, inv_t,
                               LOG: tl.constexpr, CHUNK: tl.constexpr, SPLIT_P2: tl.constexpr, PHASE: tl.constexpr):
     # one program per (row, chunk); partials (sum dy * y, or sum dy for log_softmax, -, -, -)
-    t = rowsync.claim(SYNC, PHASE)
+    t = row_barrier.claim(SYNC, PHASE)
     row = (t // split).to(tl.int64)
     chunk = t % split
     cols = chunk * CHUNK + tl.arange(0, CHUNK)
@@ -199,10 +199,10 @@ def _softmax_bwd_split_kernel(DY, Y, DX, PART, SYNC, M, N, split, stride_dy, str
             c_c = tl.sum(dy, axis=0)
         else:
             c_c = tl.sum(dy * y, axis=0)
-        rowsync.publish(PART, SYNC, row, chunk, c_c, 0.0, 0.0, 0.0, 1, SPLIT_P2, PHASE)
+        row_barrier.publish(PART, SYNC, row, chunk, c_c, 0.0, 0.0, 0.0, 1, SPLIT_P2, PHASE)
     if PHASE != 1:
-        pc, _pb, _pc2, _pd = rowsync.gather(PART, SYNC, row, split, 1, SPLIT_P2, PHASE)
-        c = rowsync.tree_sum(pc, SPLIT_P2)
+        pc, _pb, _pc2, _pd = row_barrier.gather(PART, SYNC, row, split, 1, SPLIT_P2, PHASE)
+        c = row_barrier.tree_sum(pc, SPLIT_P2)
         if LOG:
             dx = dy - tl.exp2(y * 1.4426950408889634) * c
         else:

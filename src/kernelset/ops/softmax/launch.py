@@ -10,9 +10,9 @@ from ...core.alloc import empty
 from ...core.arch import sm_count
 from ...core.checks import row_stride
 from ...core.tuning import RingLaunch, SplitLaunch, TuningStack, hash_once, ring_launch
-from .. import ring
-from ..rowsync import launches
-from ..triton_launch import FastKernel
+from ..common import ring_host
+from ..common.fast_launch import FastKernel
+from ..common.row_barrier import launches
 from .kernels import (_softmax_bwd_kernel, _softmax_bwd_looped_kernel, _softmax_bwd_split_kernel, _softmax_fwd_kernel,
                       _softmax_fwd_looped_kernel, _softmax_fwd_split_kernel)
 
@@ -28,7 +28,7 @@ class SoftmaxTuning:
     max_block_bwd: int = 8192  # the backward holds dy and y
     tile: int = 2048  # rows per program grow until a program covers this many elements
     elems_per_thread: int = 16
-    # looped kernels, measured on H100 (scripts/ce_softmax_tune.py, 4096 x 131072 bf16)
+    # looped kernels, measured on H100 (4096 x 131072 bf16, 2026-11-22)
     looped_block: int = 16384
     looped_warps: int = 32
     looped_programs_per_sm: int = 4  # persistent grid: rows in flight per SM
@@ -36,13 +36,13 @@ class SoftmaxTuning:
     # rows whose next power of two is this wide (2-byte inputs) take the looped forward rather
     # than the split one: 4096x131072 bf16, looped against split, H100 91.3 / 89.6% of copy, H200
     # 77.3 / 72.4%; the split wins at 65536 (90.7 / 89.1%, H200 74.8 / 72.8%) and at 262144
-    # (87.6 / 75.8%, H200 70.7 / 67.0%), where the rows in flight outgrow L2 (lean_loops.py at
-    # 1e6c968, docs/benchmarks/2026-11-27-s18 runs 2-3); 0 turns it off
+    # (87.6 / 75.8%, H200 70.7 / 67.0%), where the rows in flight outgrow L2 (2026-11-27); 0 turns
+    # it off
     looped_only_fwd: int = 131072
     # split kernels (rows of split_min_* and wider, next power of two, past max_block_*, in place
     # of the looped ones): one program per chunk of split_chunk_* columns, the row's programs
-    # exchange partials (ops/rowsync.py), so the inputs are read once at any width; 0 turns one
-    # off. H100 (scripts/split_tune.py, split_small_m.py, 2026-11-25 s10; chunk 8192, 4 warps):
+    # exchange partials (ops/common/row_barrier.py), so the inputs are read once at any width; 0
+    # turns one off. H100 (2026-11-25; chunk 8192, 4 warps):
     # - forward: 88.2% of copy against the looped 82.6% at 16384x32768, 85.2 / 74.1% at
     #   4096x32000, 84.7 / 72.3% at 1024x262144; 3% behind at 4096-8192 x 65536 and even from
     #   2048 rows down; at decode sizes 2-7x faster (1 x 128256: 5.4 against 20.1 us; the
@@ -50,7 +50,7 @@ class SoftmaxTuning:
     # - backward: 95.6% against 74.7% at 4096x131072, 94.5 / 65.7% at 1024x262144; the looped
     #   kernel wins at 32768-65536 (97.3 / 92.1%), so from 131072.
     # The C ABI mirrors the forward's choice (capi/aot/ops/softmax.py).
-    # Session 13 (scripts/norm_split_variants.py): the forward's chunk load evict-first and y
+    # H100 2026-11-25: the forward's chunk load evict-first and y
     # streamed, 4096x131072 86.7 -> 89.5-89.8% of copy (87.8-88.1% while another large written
     # buffer is mapped; `ksctl bench` 86.9%); 8 warps 84.0%, chunk 16384 x 8 80.2%, 4096 x 4
     # 80.7%. Keeping the chunk bf16 across the barrier (as the norm does) was slower here (79.9%).
@@ -63,8 +63,7 @@ class SoftmaxTuning:
     # row's portions exchanging (max, sum)): 2-byte contiguous rows of ring_from..ring_to columns,
     # a multiple of ring_portion, on sm_90 GPUs with at least ring_min_gbs_per_sm of datasheet
     # bandwidth per SM. Portions of 32768, chunks of 16 x 256, 9 buffers, 8 warps, 3 programs per
-    # SM. scripts/softmax_ring_widths.py through ks.softmax / ks.log_softmax, ring / other, % of
-    # copy (docs/benchmarks/2026-11-27-s22 runs 2 and 5):
+    # SM. Through ks.softmax / ks.log_softmax, ring / other, % of copy (2026-11-27):
     # - H200 (36 GB/s per SM): 8192x32768 83.6 / 74.7, 4096x65536 84.7 / 72.5, 2730x98304
     #   84.9 / 77.0, 4096x131072 86.7 / 77.0 (log_softmax 84.5-88.1 / 78.4-81.1): on;
     # - H100 (25): 86.7 / 90.0 at 32768, 89.5 / 89.3 at 65536, 92.7 / 91.2 at 4096x131072;
@@ -139,26 +138,26 @@ def ring_choice(n: int, dtype: torch.dtype, device: torch.device, t: SoftmaxTuni
                 arch: tuple[int, int] | None = None, gbs_per_sm: float | None = None) -> RingLaunch | None:
     """The ring forward's launch where it applies to rows of n on this device (sm_90, Gluon, the
     bandwidth class); ``arch`` and ``gbs_per_sm`` describe another GPU (``ksctl plan``)."""
-    if not t.ring or not ring.on_sm90(device, arch) or not dtype.is_floating_point:
+    if not t.ring or not ring_host.on_sm90(device, arch) or not dtype.is_floating_point:
         return None
-    if (ring.device_gbs_per_sm(device) if gbs_per_sm is None else gbs_per_sm) < t.ring_min_gbs_per_sm:
+    if (ring_host.device_gbs_per_sm(device) if gbs_per_sm is None else gbs_per_sm) < t.ring_min_gbs_per_sm:
         return None
     rp = ring_policy(n, dtype.itemsize, t)
-    return rp if rp is not None and ring.gluon_kernel(*_RING)[0] is not None else None
+    return rp if rp is not None and ring_host.gluon_kernel(*_RING)[0] is not None else None
 
 
 def _ring_fwd(x: torch.Tensor, y: torch.Tensor, m: int, n: int, temperature: float, log: bool, rp: RingLaunch,
               sms: int) -> bool:
     """Launch the ring forward where the tensors allow it; False where they do not, and nothing ran."""
     spec = (log, y.dtype)
-    la = ring.launch_args(x, m, n, 2, rp, sms, _RING, spec)
+    la = ring_host.launch_args(x, m, n, 2, rp, sms, _RING, spec)
     if la is None:
         return False
     grid, desc, sync, part = la
-    ring.gluon_kernel(*_RING)[0](grid, desc, y, part, sync, m, n, 1.0 / temperature, LOG=log, S=rp.split,
+    ring_host.gluon_kernel(*_RING)[0](grid, desc, y, part, sync, m, n, 1.0 / temperature, LOG=log, S=rp.split,
                                  S_P2=rp.split_p2, NCH=rp.chunks, BOXR=rp.box_rows, NB=rp.buffers,
                                  num_warps=rp.num_warps)
-    ring.learn(_RING, rp, x.dtype, spec)
+    ring_host.learn(_RING, rp, x.dtype, spec)
     return True
 
 

@@ -1,20 +1,20 @@
 """Softmax / log_softmax forward for wide rows on sm_90, written in Gluon: rows kept on chip in a
-TMA ring (``ops/ring_sm90.py``), as the RMSNorm ring forward (``ops/norm/ring_sm90.py``).
+TMA ring (``ops/common/tma_ring_sm90.py``), as the RMSNorm ring forward (``ops/norm/ring_sm90.py``).
 
 The looped forward reads each row twice (the second time from L2) and the split forward holds a
 chunk in registers at each row's barrier with nothing in flight: on the H200 both stop at 72-77%
 of copy at 4096x131072 (the H100 89-91%). Here a row's portions of ``P = N / S`` columns (one
 program each) arrive by TMA into a ring of ``NB`` chunks issued ahead; the programs exchange each
-portion's (max, sum of exponentials) through global memory (the rowsync protocol), then write
+portion's (max, sum of exponentials) through global memory (the row-barrier protocol), then write
 ``exp(z - max) / sum`` (or ``z - max - log sum``) from the ring. The statistics sweep the portion
 in the ring twice (its max, then its sum of exponentials, base 2): one exp2 per element there and
 one in the softmax's output.
 
-``scripts/ring_probe.py`` measured this form (runs 5-7, docs/benchmarks/2026-11-27-s21) at
+A probe measured this form (2026-11-27) at
 4096x131072, S = 4, chunks of 16 x 256, 9 buffers, 8 warps, 3 programs per SM: H200 81.8% of copy
 against the shipped 77.1%, H100 91.9% against 91.1%. Launched through ``launch.softmax_fwd``
-only where ``SoftmaxTuning.ring`` is on (off by default until a GPU session has run this
-launcher and its tests: session 21 wrote it with no GPU time left).
+where ``SoftmaxTuning.ring`` takes it (sm_90 GPUs of H200-class bandwidth per SM; the widths
+measured through ``ks.softmax`` are in ``launch.SoftmaxTuning``).
 
 A row of all -inf gives NaN, as torch does. Partials are merged in portion order (fixed).
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from ..ring_sm90 import ring_end, ring_release, ring_start, ring_wait, row_max_sum
+from ..common.tma_ring_sm90 import ring_end, ring_release, ring_start, ring_wait, row_max_sum
 
 LOG2E = gl.constexpr(1.4426950408889634)
 LN2 = gl.constexpr(0.6931471805599453)
