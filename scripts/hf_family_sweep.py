@@ -7,10 +7,13 @@ reports the logits' relative error and what was patched. A family is:
 
 - ``same``: logits within 1e-5 relative (the patched kernels computed what the modules did);
 - ``WRONG``: patched logits differ: a module was matched to a behaviour it does not have (a bug);
-- ``kernelize-error``: kernelize or the patched forward raised (a bug: unknown modules must be
-  left alone);
+- ``kernelize-error``: kernelize raised, or the patched model raised where the unpatched one ran (a
+  bug: a module whose call or behaviour differs from a replacement's must be left alone);
 - ``hf-disagrees``: transformers' own eager and SDPA attention differ (no reference to hold to);
 - ``no-build``: the shrunk config did not build or run unpatched (the sweep's limit, not a finding).
+
+State-space and hybrid families (Mamba, Mamba-2, Jamba, Bamba, FalconH1, Zamba, Qwen3-Next ...) are
+swept like the others: their mixers are shrunk by ``presets.tiny_from_defaults`` too.
 
 ``--mode decode`` compares a cached decode (teacher-forced, one token a step) instead of one
 forward; ``--mode training`` kernelizes in training mode and compares the loss and every gradient
@@ -85,15 +88,17 @@ def sweep(types: list[str], verbose: bool, mode: str, device: str = "cpu",
                             print(f"{mt} {op}: rel err {err:.1e} {dict(h.counts)}", flush=True)
                 except Exception as e:  # noqa: BLE001
                     print(f"{mt} {op}: {type(e).__name__}: {str(e)[:160]}", flush=True)
+        step = "kernelize"
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 with ks.hf.kernelize(model, mode=kmode) as h:
+                    step = "the patched model (the unpatched one ran)"
                     got = _run(model, ids, mode)
                     counts = dict(h.counts)
                     rules = sorted({p.rule for p in h.patched})
         except Exception as e:  # noqa: BLE001
-            out.setdefault("kernelize-error", []).append(f"{mt}: {type(e).__name__}: {str(e)[:160]}")
+            out.setdefault("kernelize-error", []).append(f"{mt}: {step} raised {type(e).__name__}: {str(e)[:160]}")
             continue
         if len(got) != len(ref):
             errs = [float("inf")]

@@ -15,6 +15,7 @@ fi
 python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip >/dev/null 2>&1 || true
 .venv/bin/pip install -q torch==2.13.0 -e '.[test]'
-# one worker per core (KS_TEST_WORKERS overrides; 0 runs in this process); a module's tests stay on one
-# worker (--dist loadscope), so module fixtures (tiny models, compiled C test programs) are built once
-exec .venv/bin/python -m pytest -q -n "${KS_TEST_WORKERS:-auto}" --dist loadscope "$@"
+# one worker per core (KS_TEST_WORKERS overrides; 0 runs in this process); workers take tests one at a
+# time and steal from a busy one (--dist worksteal): the model sweep of tests/test_hf_families.py is
+# too long to stay on one worker
+exec .venv/bin/python -m pytest -q -n "${KS_TEST_WORKERS:-auto}" --dist worksteal "$@"

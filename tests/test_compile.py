@@ -256,15 +256,15 @@ def test_import_does_not_load_dynamo():
     assert out.stdout.strip() == "False", out.stdout + out.stderr
 
 
-def test_constant_result_marker_is_torchs():
-    """attention's _constant_result sets what torch.compiler.assume_constant_result sets, so dynamo still
-    folds the traced backend choice into a constant."""
+def test_trace_constant_marker_is_torchs():
+    """core.op.trace_constant sets what torch.compiler.assume_constant_result sets, so dynamo still folds
+    the marked host work (attention's traced backend choice, kernelize's probes) into constants."""
+    from kernelset.core.op import trace_constant
     from kernelset.ops.attention import api
 
     def probe():
         return ""
     marked = torch.compiler.assume_constant_result(probe)
-    ours = api._constant_result(lambda: "")
-    torch_attrs = {k: v for k, v in vars(marked).items()}
-    assert torch_attrs and torch_attrs == {k: v for k, v in vars(ours).items()}
+    ours = trace_constant(lambda: "")
+    assert vars(marked) and vars(marked) == vars(ours)
     assert getattr(api._traced_train_backend, "_dynamo_marked_constant", False) is True

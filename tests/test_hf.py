@@ -320,6 +320,49 @@ def test_unmatched_module_is_left_alone_and_reported():
         assert handle.counts["rms_norm"] == 4  # the other four norms
 
 
+def test_module_taking_more_arguments_is_left_alone():
+    """Mamba-2's gated RMSNorm, ``forward(hidden_states, gate=None)``, is a plain RMSNorm on the probe's
+    one input (one group): patched as one, the model's call with a gate raised TypeError (issue 35).
+    A module whose method takes other arguments than the replacement is left alone, with the
+    signature in the report; the plain norm beside it is still patched."""
+    class GatedNorm(torch.nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(n))
+            self.variance_epsilon = 1e-6
+
+        def forward(self, hidden_states, gate=None):
+            x = hidden_states.float()
+            if gate is not None:
+                x = x * torch.nn.functional.silu(gate.float())
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+            return self.weight * x.to(hidden_states.dtype)
+
+    class Plain(GatedNorm):
+        def forward(self, hidden_states):
+            return super().forward(hidden_states)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gated, self.plain = GatedNorm(32), Plain(32)
+
+        def forward(self, x, z):
+            return self.plain(self.gated(x, z))
+
+    net = Net().to(DEVICE)
+    x, z = torch.randn(2, 5, 32, device=DEVICE), torch.randn(2, 5, 32, device=DEVICE)
+    with torch.no_grad():
+        ref = net(x, z)
+        with kernelize(net, ops={"rms_norm"}) as handle:
+            got = net(x, z)
+            assert [p.where for p in handle.patched] == ["plain"], handle.report()
+            left = [s for s in handle.skipped if s.where == "gated"]
+            assert len(left) == 1 and "forward(hidden_states, gate=None)" in left[0].reason, handle.report()
+            assert handle.counts["rms_norm"] == 1
+    assert rel_err(got, ref) < 1e-5
+
+
 def test_layer_norm_with_and_without_affine_parameters():
     """nn.LayerNorm is patched whether or not it has a weight and bias (the probe sizes its inputs
     from normalized_shape when there is no weight)."""

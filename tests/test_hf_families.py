@@ -3,8 +3,10 @@ the attention contracts that session 29's sweep (``scripts/hf_family_sweep.py``)
 
 - Every family in transformers' causal-LM mapping, built tiny from its config class's defaults
   (``presets.tiny_from_defaults``), fp32: the kernelized logits equal the unpatched ones (rel err
-  < 1e-5), or kernelize leaves the part it cannot run alone. A config the shrinking cannot build is
-  skipped (the test's limit, not a finding).
+  < 1e-5), or kernelize leaves the part it cannot run alone; a patched forward that raises where
+  the unpatched one ran fails. A config the shrinking cannot build is skipped (the test's limit, not
+  a finding), except the state-space and hybrid families (``MUST_BUILD``): kernelize met them
+  untested (Mamba-2's gated norm was patched as a plain one and raised, issue 35).
 - Packed sequences (``position_ids`` restarting inside a row, no mask, no cache: transformers'
   padding-free training) stay apart: they attended across sequences before (rel err 0.9).
 - A window that lives only in the mask (Phi-3.5-MoE passes no ``sliding_window`` to its attention).
@@ -14,6 +16,8 @@ the attention contracts that session 29's sweep (``scripts/hf_family_sweep.py``)
 - The attention's output is contiguous ``[B, S, H, D]`` (AFMoE ``.view()``s it).
 - Training mode (loss and every gradient) and a cached decode on a handful of hard families
   (Llama 4's in-place add into its shared expert's output failed in training mode).
+- Mamba-2 with one group (its gated norm then computes a plain RMSNorm on the probe's one input):
+  left alone, and the report of a model without attention says nothing of attention.
 
 AUTO dispatch (on CPU the references: these check what kernelize matches and how it routes; on a
 GPU the kernels AUTO picks, in fp32).
@@ -39,15 +43,25 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+# state-space and hybrid families (Mamba / Mamba-2 / linear-recurrent layers beside attention or instead
+# of it): each must build at toy size, so that kernelize is held to them rather than skipped
+MUST_BUILD = sorted({"mamba", "mamba2", "falcon_mamba", "jamba", "bamba", "falcon_h1", "granitemoehybrid",
+                     "nemotron_h", "zamba", "zamba2", "qwen3_next", "lfm2", "rwkv", "xlstm", "recurrent_gemma",
+                     "kimi_linear", "olmo_hybrid", "bailing_hybrid"} & set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES))
+
+
 def _tiny_default_model(model_type: str):
-    """The family's tiny model in fp32 eval, or a skip when the shrunk config does not build or run,
-    or when transformers' own eager and SDPA attention disagree on it."""
+    """The family's tiny model in fp32 eval, or a skip when the shrunk config does not build or run
+    (a failure for ``MUST_BUILD``), or when transformers' own eager and SDPA attention disagree on it."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model, ids = tiny_default_model(model_type, DEVICE)
     except Exception as e:  # noqa: BLE001  (a config the shrinking does not handle)
-        pytest.skip(f"{model_type} does not build at toy size: {type(e).__name__}: {str(e)[:120]}")
+        why = f"{model_type} does not build at toy size: {type(e).__name__}: {str(e)[:120]}"
+        if model_type in MUST_BUILD:
+            pytest.fail(why)
+        pytest.skip(why)
     gap = eager_sdpa_gap(model, ids)
     if gap > 1e-5:
         pytest.skip(f"transformers' eager and sdpa attention disagree on {model_type} (rel err {gap:.1e}): "
@@ -61,8 +75,11 @@ def _tiny_default_model(model_type: str):
 def test_every_installed_family_keeps_its_logits(model_type):
     model, ids, ref = _tiny_default_model(model_type)
     with ks.hf.kernelize(model) as h, torch.no_grad():
-        got = model(ids).logits
         report = h.report()
+        try:
+            got = model(ids).logits
+        except Exception as e:  # noqa: BLE001  (named: the unpatched model ran these ids)
+            pytest.fail(f"the patched forward raised where the unpatched one ran: {type(e).__name__}: {e}\n{report}")
     assert rel_err(got.float(), ref.float()) < 1e-5, report
     with torch.no_grad():
         assert torch.equal(model(ids).logits, ref)  # restore() gave every forward back
@@ -70,9 +87,10 @@ def test_every_installed_family_keeps_its_logits(model_type):
 
 # families whose training or cached decode went wrong or failed before session 29's fixes, or that
 # exercise paths the coverage list does not (encoder-style LayerNorm models, a shared expert added into
-# in place, a window only in the mask, models without FlashAttention support)
+# in place, a window only in the mask, models without FlashAttention support, Mamba layers and their
+# cache beside attention and experts)
 HARD = [t for t in ("llama4_text", "phimoe", "deepseek_v4", "afmoe", "doge", "bert", "opt", "gpt_neox", "cohere2",
-                    "qwen3_next") if t in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES]
+                    "qwen3_next", "jamba") if t in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES]
 
 
 @pytest.mark.parametrize("model_type", HARD)
@@ -102,6 +120,43 @@ def test_hard_families_train_and_decode(model_type):
     with ks.hf.kernelize(model):
         d1 = cached_decode_logits(model, ids, 8)
     assert rel_err(d1, d0) < 1e-5
+
+
+@pytest.mark.skipif("mamba2" not in CONFIG_MAPPING, reason="this transformers has no mamba2")
+def test_mamba2_gated_norm_left_alone():
+    """Mamba-2 with one group: its gated norm (``forward(hidden_states, gate=None)``, called with the
+    gate) is a plain RMSNorm on the probe's single input; patched as one, the forward raised
+    TypeError. It is left alone; logits, a cached decode, and the loss and every gradient in
+    training mode equal the unpatched model's. Mamba has no attention: the report says nothing of it."""
+    cfg = config_for("mamba-codestral-7b", tiny_model=True, layers=1)
+    cfg["n_groups"] = 1
+    model = build_model(cfg, device=DEVICE)
+    ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(6)).to(DEVICE)
+    with torch.no_grad():
+        ref = model(ids).logits
+        d0 = cached_decode_logits(model, ids, 8)
+    with ks.hf.kernelize(model) as h, torch.no_grad():
+        got = model(ids).logits
+        d1 = cached_decode_logits(model, ids, 8)
+        report = h.report()
+        gated = [s for s in h.skipped if s.where.endswith("mixer.norm")]
+    assert rel_err(got, ref) < 1e-5 and rel_err(d1, d0) < 1e-5, report
+    assert gated and all("gate=None" in s.reason for s in gated), report
+    assert "rms_norm" in {p.rule for p in h.patched}, report  # the plain norms still are
+    assert "attention" not in report.lower(), report
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        loss = model(ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    l0, g0 = step()
+    with ks.hf.kernelize(model, mode="training"):
+        l1, g1 = step()
+    assert rel_err(l1, l0) < 1e-5
+    for a, b in zip(g1, g0):
+        assert rel_err(a, b) < 1e-4
 
 
 def _tiny(family, **kw):

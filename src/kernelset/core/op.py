@@ -29,6 +29,16 @@ import torch
 from .autograd import AutogradSpec, apply, forward_only, needs_grad
 
 
+def trace_constant(fn: Callable) -> Callable:
+    """Marks ``fn`` as ``torch.compiler.assume_constant_result`` does (the attribute dynamo reads): under
+    torch.compile dynamo calls it with its arguments' values at trace time and keeps the result as a
+    constant of the graph instead of tracing it (probes, caches, lru_cache'd policies: host work whose
+    answer depends only on constants). Set directly: the decorator imports ``torch._dynamo`` (2.9 s of a
+    6.4 s ``import kernelset``); tests/test_compile.py checks the attribute is still torch's."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
 class RoutedOp:
     """``name``'s custom op (``kernelset::name``), its fake, and the routing of a call to it."""
 

@@ -9,7 +9,9 @@ prefill and cached decode both come here. The mask function reads the pattern tr
   Phi-3.5-MoE, keep their window), else the 2D padding mask tagged likewise;
 - causal within packed sequences (``position_ids`` restarting in a row, padding-free training): a
   small tensor tagged with the packed sequence ids; the attention runs ``flash_attention_varlen``
-  over the [B * S] rows (``cu_seqlens`` built once per forward, one host sync);
+  over the [B * S] rows (``cu_seqlens`` built once per forward, one host sync). Not under
+  torch.compile: there transformers tags every call without a cache as packed, and the offsets
+  would need that sync, so a compiled call without a cache (training) gets the dense mask below;
 - anything else (a window within packed sequences, chunked or bidirectional blocks, a mask
   function of the model's own): transformers' dense SDPA mask, which the attention hands to
   transformers' attention untouched.
@@ -28,11 +30,9 @@ keeps its attention and the kernelize report says so.
 from __future__ import annotations
 
 import collections
-import functools
 import sys
-import types
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -63,18 +63,33 @@ def _closure(fn: Any, name: str) -> Any:
     return fn.__closure__[code.co_freevars.index(name)].cell_contents
 
 
-@functools.lru_cache(maxsize=1)
-def _codes() -> Any:
-    """transformers' mask functions and the code objects of the closures its factories build
-    (built once: ``mask`` runs at every forward)."""
-    from transformers import masking_utils as mu
-    pack = getattr(mu, "packed_sequence_mask_function", None)
-    remap = getattr(mu, "remap_positions_for_packed_sequence", None)
-    return types.SimpleNamespace(
-        causal=mu.causal_mask_function, and_=mu.and_masks(mu.causal_mask_function).__code__,
-        window=mu.sliding_window_overlay(1).__code__,
-        pack=None if pack is None else pack(torch.zeros(1, 1)).__code__,
-        remap=None if remap is None else remap(mu.causal_mask_function, None).__code__)
+class _Codes(NamedTuple):
+    """transformers' causal mask function and the code objects of the closures its mask factories
+    build: ``mask`` recognises a mask function by them."""
+
+    causal: Any
+    and_: Any  # and_masks(...)
+    window: Any  # sliding_window_overlay(w)
+    pack: Any  # packed_sequence_mask_function(ids), None before transformers had it
+    remap: Any  # remap_positions_for_packed_sequence(fn, pos), None before transformers had it
+
+
+_CODES: _Codes | None = None
+
+
+def _codes() -> _Codes:
+    """The ``_Codes`` of the installed transformers, built at the first call (``patch`` makes it: the
+    mask function runs at every forward, and under torch.compile dynamo then reads a module global)."""
+    global _CODES
+    if _CODES is None:
+        from transformers import masking_utils as mu
+        pack = getattr(mu, "packed_sequence_mask_function", None)
+        remap = getattr(mu, "remap_positions_for_packed_sequence", None)
+        _CODES = _Codes(causal=mu.causal_mask_function, and_=mu.and_masks(mu.causal_mask_function).__code__,
+                        window=mu.sliding_window_overlay(1).__code__,
+                        pack=None if pack is None else pack(torch.zeros(1, 1)).__code__,
+                        remap=None if remap is None else remap(mu.causal_mask_function, None).__code__)
+    return _CODES
 
 
 def _and_parts(fn: Any, c: Any) -> list | None:
@@ -134,7 +149,11 @@ def mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
     from transformers.masking_utils import flash_attention_mask, sdpa_mask
     window = window_of(kwargs.get("mask_function"))
     batch, kv_len, device = kwargs.get("batch_size"), kwargs.get("kv_length"), kwargs.get("device")
-    packed = packed_of(kwargs.get("mask_function")) if window is UNKNOWN else None
+    # packed sequences need their offsets on the host (cu_seqlens, one sync): a compiled graph cannot
+    # have them, and under compile transformers tags every no-cache call as packed (it cannot look at
+    # position_ids there), so a compiled call gets the dense mask of the pattern, as SDPA's own does
+    packed = packed_of(kwargs.get("mask_function")) if window is UNKNOWN and not torch.compiler.is_compiling() \
+        else None
     if (packed is not None and not args and kwargs.get("attention_mask") is None and device is not None
             and isinstance(batch, int) and tuple(packed.shape) == (batch, kv_len)):
         m = torch.ones(batch, kv_len, dtype=torch.bool, device=device)
@@ -143,7 +162,13 @@ def mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
     if window is UNKNOWN or args or not isinstance(batch, int) or not isinstance(kv_len, int):
         kwargs["allow_is_causal_skip"] = False
         return sdpa_mask(*args, **kwargs)
-    m = flash_attention_mask(**kwargs)  # None, or the 2D mask when a key is padding
+    if torch.compiler.is_compiling():
+        # whether a key is padding is known only from the mask's values: a compiled graph keeps any
+        # mask it is given (the dense path), as transformers' own SDPA mask does under compile
+        given = kwargs.get("attention_mask")
+        m = None if given is None else given[:, -kv_len:]
+    else:
+        m = flash_attention_mask(**kwargs)  # None, or the 2D mask when a key is padding
     padded = m is not None
     if m is None:
         if window is None:
@@ -315,10 +340,17 @@ def _no_flash_support(model: torch.nn.Module) -> list[str]:
     return sorted(out)
 
 
+def has_attention(model: torch.nn.Module) -> bool:
+    """Whether ``model`` has attention modules (a class named ``*Attention*``, as transformers names
+    them); state-space models (Mamba, Mamba-2, xLSTM) have none, and the report says nothing of
+    attention for them."""
+    return any("Attention" in type(m).__name__ for m in model.modules())
+
+
 def patch(handle: Any, model: torch.nn.Module, ops: frozenset[str] | None) -> None:
     """Register and select the "kernelset" attention implementation on ``model`` (undone by restore)."""
     from .patching import Patched, Skipped
-    if not available():
+    if not available() or not has_attention(model):
         return
     if ops is not None and "flash_attention" not in ops:
         handle.skipped.append(Skipped("attention", "config._attn_implementation", "not among the requested ops"))
@@ -335,6 +367,7 @@ def patch(handle: Any, model: torch.nn.Module, ops: frozenset[str] | None) -> No
         return
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
+    _codes()
     AttentionInterface.register(NAME, make_attention())
     AttentionMaskInterface.register(NAME, mask)
     previous = cfg._attn_implementation

@@ -174,10 +174,10 @@ def greedy(model: nn.Module, input_ids: torch.Tensor, new_tokens: int) -> tuple[
     nxt = out.logits[:, -1].argmax(-1, keepdim=True)
     _sync(device)
     t1 = time.perf_counter()
-    cache, toks = out[field], [nxt]
+    cache, toks = getattr(out, field, None), [nxt]
     for _ in range(new_tokens - 1):
         out = model(nxt, use_cache=True, **{field: cache})
-        cache = out[field]
+        cache = getattr(out, field, None)
         nxt = out.logits[:, -1].argmax(-1, keepdim=True)
         toks.append(nxt)
     _sync(device)
@@ -191,11 +191,11 @@ def cached_decode_logits(model: nn.Module, ids: torch.Tensor, prefill: int) -> t
     then one token a call (teacher-forced: the next input is ids', not the argmax); [B, S, V]."""
     field = _cache_field()
     out = model(ids[:, :prefill], use_cache=True)
-    logits, cache = [out.logits], out[field]
+    logits, cache = [out.logits], getattr(out, field, None)  # None: a model without a cache (bert)
     for t in range(prefill, ids.shape[1]):
         out = model(ids[:, t:t + 1], use_cache=True, **{field: cache})
         logits.append(out.logits)
-        cache = out[field]
+        cache = getattr(out, field, None)
     return torch.cat(logits, 1)
 
 

@@ -4,9 +4,10 @@ A :class:`Rule` says which modules are candidates (by the attributes they carry,
 model family) and lists :class:`Behaviour` records: the computations such a module may perform,
 each with the kernelset replacement that performs it. ``kernelize`` runs the module's own code and
 every replacement (on the fp32 reference backends) on the same random inputs and keeps the
-behaviour that matches; a module whose behaviour matches none is left alone and reported with
-the error it showed. One probe per module class and shape, so a 32-layer model probes each
-class once.
+behaviour that matches; a module whose behaviour matches none, or whose method takes other
+arguments than the replacement (Mamba-2's gated norm: ``forward(hidden_states, gate=None)``), is
+left alone and reported with the reason. One probe per module class and shape, so a 32-layer
+model probes each class once.
 
 Rules (in the order they are tried on a module):
 
@@ -43,6 +44,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..core.op import trace_constant
+
 Build = Callable[[nn.Module, Any], Callable[..., Any]]  # (module, counting ops) -> replacement
 
 
@@ -73,6 +76,7 @@ class Rule:
 
 
 # ---- helpers ----------------------------------------------------------------------------------
+
 
 EPS_ATTRS = ("variance_epsilon", "eps", "epsilon")
 ACT_ATTRS = ("act_fn", "activation_fn", "act")
@@ -134,9 +138,24 @@ def rows_layout(x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...] | None]:
     return xp, inverse
 
 
+_TORCH_ORDER: dict[int, bool] = {}
+
+
+@trace_constant
+def _torch_order(n: int) -> bool:
+    """Whether an RMSNorm over ``n`` features runs in the module's own summation order: where our
+    kernel reproduces torch's (hidden sizes of the residual stream) the output is the module's, bit
+    for bit; per-head norms (head_dim <= 128) keep the fast kernel, within rounding of the module.
+    (A constant under torch.compile: the policy behind it is lru_cache'd, which dynamo warns about.)"""
+    got = _TORCH_ORDER.get(n)
+    if got is None:
+        from ..ops.norm.reference import torch_cuda_mean_lanes
+        got = _TORCH_ORDER[n] = torch_cuda_mean_lanes(2, n) is not None
+    return got
+
+
 def _rms_build(offset: float, cast: str, weighted: bool = True) -> Build:
     from ..core.checks import row_stride
-    from ..ops.norm.reference import torch_cuda_mean_lanes
 
     from ..ops.norm.api import NormCast
     cast_e = NormCast.parse(cast)  # the enum member: eager no-grad calls are then kept for replay (ops/norm/api.py)
@@ -151,10 +170,7 @@ def _rms_build(offset: float, cast: str, weighted: bool = True) -> Build:
                 # strides (head, token); the row kernels take one, so a copy (cheaper than the
                 # reference path's several torch ops)
                 x = x.contiguous()
-            # the module's own summation order where our kernel reproduces it (hidden sizes of the
-            # residual stream): the output is the module's, bit for bit; per-head norms (head_dim
-            # <= 128) keep the fast kernel, within rounding of the module
-            exact = torch_cuda_mean_lanes(2, x.shape[-1]) is not None
+            exact = _torch_order(x.shape[-1])
             y = ops.rms_norm(x, m.weight if weighted else None, eps=eps, offset=offset, cast=cast_e, torch_order=exact)
             return y if inverse is None else y.permute(inverse)
         return forward
@@ -418,27 +434,27 @@ ROTARY_VARIANTS = (
 )
 
 
-def rotary_probe_inputs(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, u: int):
-    """Small fp32 stand-ins with the trailing shapes of a real call (batch 2, 3 positions)."""
-    s_dim = 2 if u == 1 else 1
+def rotary_call_key(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, u: int) -> tuple:
+    """What a rotary call's variant may depend on: unsqueeze_dim, heads and head dims of q [B, H, S, D]
+    (u=1) or [B, S, H, D], of k, the tables' middle dims and width, the dtypes and the device; not
+    batch or length, so that under torch.compile with dynamic shapes it holds plain ints."""
+    h = 1 if u == 1 else 2
+    mid = tuple(cos.shape[1:-2]) if cos.dim() >= 3 else None
+    return (u, q.shape[h], q.shape[-1], k.shape[h], k.shape[-1], mid, cos.shape[-1], q.dtype, cos.dtype, q.device)
 
-    def like(t: torch.Tensor) -> torch.Tensor:
-        shape = list(t.shape)
-        shape[0] = min(shape[0], 2)
-        shape[s_dim] = 3
-        return torch.randn(shape, device=t.device)
 
-    def table(t: torch.Tensor) -> torch.Tensor:
-        # as rotary modules build them: one angle per frequency, the halves duplicated
-        shape = list(t.shape)
-        shape[0] = min(shape[0], 2)
-        shape[-2] = 3
-        shape[-1] //= 2
-        a = torch.randn(shape, device=t.device) * math.pi
-        return torch.cat((a, a), -1)
+def rotary_probe_inputs(key: tuple) -> tuple[torch.Tensor, ...]:
+    """Random fp32 stand-ins for a call of ``rotary_call_key`` ``key``: q and k with batch 1 and 3
+    positions, cos and sin as rotary modules build them (one angle per frequency, the halves
+    duplicated)."""
+    u, hq, dq, hk, dk, mid, width, _, _, device = key
 
-    angles = table(cos)
-    return like(q), like(k), angles.cos(), angles.sin()
+    def qk(h: int, d: int) -> torch.Tensor:
+        return torch.randn((1, h, 3, d) if u == 1 else (1, 3, h, d), device=device)
+
+    a = torch.randn((3, width // 2) if mid is None else (1, *mid, 3, width // 2), device=device) * math.pi
+    angles = torch.cat((a, a), -1)
+    return qk(hq, dq), qk(hk, dk), angles.cos(), angles.sin()
 
 
 # ---- the causal-LM loss -----------------------------------------------------------------------

@@ -6,9 +6,11 @@
     handle.counts                              # calls per kernelset op (and the backends that ran)
     handle.restore()                           # every original forward back
 
-The mapping is data (mapping.py); modules are matched by their attributes and by a behaviour probe
-(their own code against the replacement on the same random inputs, on the reference backends), so
-any decoder whose modules compute what Llama's, Gemma's, Phi-3's or gpt-oss's do is patched.
+The mapping is data (mapping.py); modules are matched by their attributes, their call signature and
+a behaviour probe (their own code against the replacement on the same random inputs, on the
+reference backends), so any decoder whose modules compute what Llama's, Gemma's, Phi-3's or
+gpt-oss's do is patched. A kernelized model compiles with ``torch.compile(fullgraph=True)``: probes
+that run at a first call are constants of the graph (``core.op.trace_constant``).
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from torch import nn
 
 from ..core import config, dispatch
 from ..core.enums import AUTO, Backend, KsEnum
+from ..core.op import trace_constant
 from ..core.tolerance import rel_err, tolerance
 from . import mapping
 from .mapping import Behaviour, Rule
@@ -210,14 +213,36 @@ def _cpu_narrow_copy(m: nn.Module) -> nn.Module:
     return c
 
 
+def _call_differs(method: Callable, name: str, n: int) -> str | None:
+    """None when ``method`` (unbound) takes self and exactly ``n`` required positional parameters, as a
+    replacement does (the probe's inputs), else why not. A module whose method takes more (Mamba-2's
+    gated RMSNorm: ``forward(hidden_states, gate=None)``) is called with more: the replacement would
+    raise there, or drop the argument. Names are not compared: a replacement is called positionally,
+    as transformers calls norms, MLPs, embeddings and experts' gates."""
+    try:
+        params = list(inspect.signature(method).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return f"its {name} signature cannot be read"
+    plain = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+    if len(params) == n and len(plain) == n:
+        return None
+    return (f"its {name}({', '.join(str(p) for p in params)}) takes other arguments than the replacement's "
+            f"{n} tensor{'s' if n > 1 else ''}")
+
+
 def probe(rule: Rule, m: nn.Module, mode: Mode) -> tuple[Behaviour | None, str]:
-    """The behaviour of ``m`` among the rule's (the best match within tolerance), or None and why."""
+    """The behaviour of ``m`` among the rule's (the best match within tolerance), or None and why:
+    the module's method must take what the replacement takes (``_call_differs``) and compute what it
+    computes on random inputs."""
     original = getattr(type(m), rule.method)
     scored: list[tuple[float, Behaviour]] = []
     errors: list[str] = []
     probes = []
     for pm, dt in _probe_modules(rule, m):
         inputs = rule.probe_inputs(pm, dt)
+        why = _call_differs(original, rule.method, len(inputs))
+        if why is not None:
+            return None, why
         with torch.no_grad():
             try:
                 want = original(pm, *inputs)
@@ -447,7 +472,7 @@ class _RotaryPatch:
         self.params = list(sig.parameters)
         p = sig.parameters.get("unsqueeze_dim")
         self.default_u = p.default if p is not None and p.default is not inspect.Parameter.empty else 1
-        self.choice: dict[tuple, mapping.RotaryVariant | None] = {}
+        self.choice: dict[tuple, int | None] = {}  # rotary_call_key -> variant index
         self.outcomes: dict[str, str] = {}
 
     def _unsqueeze(self, args: tuple, kwargs: dict) -> int:
@@ -459,16 +484,24 @@ class _RotaryPatch:
                 return int(args[i])
         return int(self.default_u)
 
-    def _probe(self, q, k, cos, sin, u, extra_args, extra_kwargs) -> mapping.RotaryVariant | None:
-        pq, pk, pc, ps = mapping.rotary_probe_inputs(q, k, cos, sin, u)
+    @trace_constant
+    def _variant(self, sig: tuple, extra_args: tuple, extra_kwargs: dict) -> int | None:
+        """The index in ``mapping.ROTARY_VARIANTS`` of the variant that computes what the original does
+        for calls of this signature (probed at its first call, fp32 stand-ins on the reference
+        backend), None if none does. A constant under torch.compile: dynamo calls it with the
+        signature's values instead of tracing the probe."""
+        if sig in self.choice:
+            return self.choice[sig]
+        u, what = sig[0], f"head {sig[2]}, table {sig[6]}"
+        pq, pk, pc, ps = mapping.rotary_probe_inputs(sig)
+        found, errs = None, []
         with torch.no_grad():
             try:
                 want = self.original(pq, pk, pc, ps, *extra_args, **extra_kwargs)
             except Exception as exc:
-                self.outcomes[str((tuple(q.shape[-1:]), tuple(cos.shape[-1:])))] = f"original failed: {exc}"
-                return None
-            errs = []
-            for v in mapping.ROTARY_VARIANTS:
+                errs.append(f"original failed: {type(exc).__name__}: {exc}")
+                want = None
+            for i, v in enumerate(mapping.ROTARY_VARIANTS if want is not None else ()):
                 try:
                     with _reference_only():
                         got = v.run(_PLAIN, pq, pk, pc, ps, u)
@@ -477,27 +510,28 @@ class _RotaryPatch:
                     continue
                 err = _compare(tuple(want), got)
                 if err <= tolerance("elementwise", torch.float32):
-                    return v
+                    found = i
+                    break
                 errs.append(f"{v.name}: err {err:.2g}")
-        self.outcomes[f"head {q.shape[-1]}, table {cos.shape[-1]}"] = "no variant matches (" + "; ".join(errs) + ")"
-        return None
+        self.choice[sig] = found
+        self.outcomes[what] = mapping.ROTARY_VARIANTS[found].name if found is not None else \
+            "no variant matches (" + "; ".join(errs) + ")"
+        return found
 
     def __call__(self, q, k, cos, sin, *args, **kwargs):
         handle = next((h for h in reversed(self.handles) if h.scope.inside()), None)
         if handle is None or not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin)):
             # another model of this family, not kernelized; or a call without both q and k
             return self.original(q, k, cos, sin, *args, **kwargs)
-        u = self._unsqueeze(args, kwargs)
-        sig = (q.dim(), q.shape[-1], k.shape[-1], cos.dim(), cos.shape[-1], u, q.dtype, cos.dtype, q.device.type)
-        if sig not in self.choice:
-            v = self._probe(q, k, cos, sin, u, args, kwargs) if q.dim() == 4 and k.dim() == 4 else None
-            self.choice[sig] = v
-            if v is not None:
-                self.outcomes[f"head {q.shape[-1]}, table {cos.shape[-1]}"] = v.name
-        v = self.choice[sig]
-        if v is None or q.dtype != k.dtype:
+        if q.dim() != 4 or k.dim() != 4 or q.dtype != k.dtype or (torch.compiler.is_compiling() and any(
+                isinstance(a, torch.Tensor) for a in (*args, *kwargs.values()))):
+            # (a tensor among the other arguments: the probe, a constant of a compiled graph, cannot take it)
             return self.original(q, k, cos, sin, *args, **kwargs)
-        return v.run(handle.ops, q, k, cos, sin, u)
+        u = self._unsqueeze(args, kwargs)
+        i = self._variant(mapping.rotary_call_key(q, k, cos, u), args, kwargs)
+        if i is None:
+            return self.original(q, k, cos, sin, *args, **kwargs)
+        return mapping.ROTARY_VARIANTS[i].run(handle.ops, q, k, cos, sin, u)
 
 
 def _rotary_signature(fn: Callable) -> str | None:
@@ -692,7 +726,7 @@ def _note_unpatched(handle: Kernelized, model: nn.Module) -> None:
     """Name the compute kernelset leaves to torch, so the report says it up front."""
     from . import attention
     cfg = getattr(model, "config", None)
-    if not attention.available():
+    if not attention.available() and attention.has_attention(model):
         impl = getattr(cfg, "_attn_implementation", "?")
         handle.left_to_torch.append(f"attention: transformers' {impl!r} implementation "
                                     "(kernelset.flash_attention is not in this build)")
@@ -700,6 +734,9 @@ def _note_unpatched(handle: Kernelized, model: nn.Module) -> None:
     experts = sorted(k for k in kinds if k.endswith("Experts"))
     if experts:
         handle.left_to_torch.append(f"MoE routing and expert GEMMs ({', '.join(experts)}): no kernelset MoE kernels yet")
+    mixers = sorted(k for k in kinds if k.endswith("Mixer"))  # transformers' name for Mamba-style layers
+    if mixers:
+        handle.left_to_torch.append(f"state-space mixers ({', '.join(mixers)}): no kernelset scan kernels yet")
     if cfg is not None and getattr(cfg, "kv_lora_rank", None):
         handle.left_to_torch.append("MLA projections and latent attention: no kernelset MLA prefill kernel yet "
                                     "(mla_decode is serving-layout only)")

@@ -272,11 +272,60 @@ _TINY_FIELDS = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, 
                     encoder_attention_heads=4, decoder_ffn_dim=128, encoder_ffn_dim=128, d_model=64)
 
 
+def _tiny_state_space(cfg: Any) -> None:
+    """``tiny_from_defaults``' sizes for the state-space and linear-recurrent layers of a config object,
+    in place (their defaults are full size, and their head counts must divide the shrunk width), and
+    every layer kind present in the 2 layers (a hybrid's defaults may put attention past layer 2)."""
+    hidden = getattr(cfg, "hidden_size", None)
+    if not isinstance(hidden, int):  # (a composite config: its text model's config is another one)
+        return
+
+    def put(**values):
+        for k, v in values.items():
+            if hasattr(cfg, k):
+                try:
+                    setattr(cfg, k, v)
+                except (AttributeError, ValueError, TypeError):
+                    pass
+
+    # Mamba-2 heads of 16 over the expanded width, one group (the gated norm then spans the whole
+    # width: the case where it looks like a plain RMSNorm), 16 states
+    for heads, dim, groups, state, expand in (("num_heads", "head_dim", "n_groups", "state_size", "expand"),
+                                              ("mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state",
+                                               "mamba_expand"),
+                                              ("n_mamba_heads", "mamba_headdim", "mamba_ngroups", "mamba_d_state",
+                                               "mamba_expand"),
+                                              ("mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size",
+                                               "expand")):
+        if all(hasattr(cfg, a) for a in (heads, dim, state)) and hasattr(cfg, expand):
+            inner = int(getattr(cfg, expand) * hidden)
+            put(**{heads: inner // 16, dim: 16, groups: 1, state: 16})
+    put(mamba_d_ssm=int(getattr(cfg, "mamba_expand", 2) * hidden), mamba_dt_rank=8, time_step_rank=8,
+        moe_shared_expert_intermediate_size=2 * hidden, shared_intermediate_size=2 * hidden, adapter_rank=8)
+    # widths kept apart from hidden_size: RWKV's time mixing (hidden), Zamba's attention (2x hidden)
+    if hasattr(cfg, "attention_head_dim") and hasattr(cfg, "num_attention_heads"):
+        put(attention_hidden_size=2 * hidden, attention_head_dim=2 * hidden // cfg.num_attention_heads)
+    else:
+        put(attention_hidden_size=hidden)
+    put(embedding_dim=hidden, num_blocks=cfg.num_hidden_layers)  # xLSTM
+    if getattr(cfg, "model_type", "") == "xlstm":  # (its q/k width rounds up to 64: a factor of 1 keeps it 64)
+        put(num_heads=4, qk_dim_factor=1.0)
+    # an attention layer among the two
+    put(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=0,
+        attn_layer_indices=[1], block_types=["recurrent", "attention"])
+    if getattr(cfg, "model_type", "") == "granitemoehybrid":
+        put(layer_types=["linear_attention", "full_attention"])
+    if "hybrid" in (getattr(cfg, "layers_block_type", None) or ()):  # Zamba: a shared transformer (tied to the
+        # first one's) in each layer, and a mamba layer in each; transformers wants two such layers to tie
+        put(layers_block_type=["hybrid", "hybrid"], hybrid_layer_ids=[0, 1])
+
+
 def tiny_from_defaults(model_type: str) -> Any:
     """A transformers config of ``model_type`` at toy size: the config class's defaults with every
     size field it has shrunk (hidden 64, 2 layers of two kinds where it has layer types, 4/2 heads,
-    vocab 128, sliding window 8). Unlike ``tiny``, any family transformers knows; the shrunk config
-    may not build (fields this does not know): the caller finds out."""
+    vocab 128, sliding window 8; state-space mixers of 16-wide heads, ``_tiny_state_space``). Unlike
+    ``tiny``, any family transformers knows; the shrunk config may not build (fields this does not
+    know): the caller finds out."""
     from transformers import CONFIG_MAPPING
     cfg = CONFIG_MAPPING[model_type]()
     fields = dict(_TINY_FIELDS)
@@ -300,4 +349,5 @@ def tiny_from_defaults(model_type: str) -> Any:
             cfg.layer_types = (kinds * 2)[:2]
     except (AttributeError, ValueError, TypeError):
         pass
+    _tiny_state_space(cfg)
     return cfg

@@ -21,6 +21,7 @@ from ...core import checks, config, dispatch, registry
 from ...core.autograd import AutogradSpec, apply, forward_only, needs_grad
 from ...core.enums import AUTO, Backend
 from ...core.errors import ArgumentError, UnsupportedError
+from ...core.op import trace_constant
 from ...core.registry import Impl
 from ..kvcache.api import check_cache, check_scale
 from ..quant.formats import FP8
@@ -356,16 +357,7 @@ def _train_backend(op, backend, q, k, v, cu_q, cu_k, max_q, max_k, causal, left,
     return str(impl.backend) if str(impl.backend) in _SDPA_NAMES else None
 
 
-def _constant_result(fn):
-    """``torch.compiler.assume_constant_result`` without importing ``torch._dynamo`` when the package is
-    imported (that import alone cost 2.9 s of ``import kernelset``'s 6.4 s on torch 2.13). The decorator
-    only sets this attribute, which dynamo reads when it traces a call (tests/test_compile.py checks that
-    torch's decorator still sets the same one)."""
-    fn._dynamo_marked_constant = True
-    return fn
-
-
-@_constant_result
+@trace_constant
 def _traced_train_backend(op: str, backend: str, device: str, dtype: str, shapes: tuple, strides: tuple,
                           grads: tuple, opts: tuple) -> str:
     """_train_backend at torch.compile trace time, from constants only (a constant of the graph,
