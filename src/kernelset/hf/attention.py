@@ -59,6 +59,11 @@ UNKNOWN = _Unknown()
 
 
 def _closure(fn: Any, name: str) -> Any:
+    if torch.compiler.is_compiling():
+        # dynamo cannot read a closure's cells (torch 2.11 stops the trace: "does not know how to wrap
+        # <class 'cell'>"; 2.13 cannot for a mask function built inside the graph): the pattern is then
+        # unknown and the call takes transformers' dense mask, as any unrecognised pattern does
+        raise ValueError("closure cells are not readable under torch.compile")
     code = fn.__code__
     return fn.__closure__[code.co_freevars.index(name)].cell_contents
 

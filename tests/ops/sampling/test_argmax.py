@@ -16,8 +16,8 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
-@pytest.mark.parametrize("shape", [(1, 1), (3, 70), (2, 4097), (5, 9000), (2, 3, 33)],
-                         ids=["one-element", "small", "chunk-plus-one", "three-chunks", "batched-3d"])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 70), (2, 4097), (5, 9000), (4, 3 * 4096 + 5), (2, 3, 33)],
+                         ids=["one-element", "small", "chunk-plus-one", "three-chunks", "long-rows", "batched-3d"])
 def test_matches_torch_argmax(backend, dtype, shape):
     x = torch.randn(*shape, device=DEVICE).to(dtype)
     got = ks.argmax(x, backend=backend)
@@ -66,3 +66,17 @@ def test_compiles_without_graph_breaks_and_ignores_grad():
     assert torch.equal(got, torch.argmax(x.detach(), dim=-1))
     eager = ks.argmax(x)  # an input requiring grad: ids carry no gradient
     assert not eager.requires_grad and torch.equal(eager, got)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nan_and_minus_inf_across_splits(backend):
+    # rows long enough to be split over several programs: the merge must keep torch's order
+    nan, inf = float("nan"), float("inf")
+    x = torch.randn(4, 3 * 4096 + 5, device=DEVICE)
+    x[0, 9000], x[0, 5000] = nan, inf          # a NaN in a later split beats an inf in an earlier one
+    x[1, [8200, 4097, 12000]] = nan            # the first NaN, in the second split
+    x[2] = -inf                                # all -inf: 0
+    x[3, 4096 * 3 + 4] = inf                   # the maximum in the last, short split
+    want = torch.argmax(x, dim=-1)
+    assert want.tolist() == [9000, 4097, 0, 4096 * 3 + 4]
+    assert ks.argmax(x, backend=backend).tolist() == want.tolist()

@@ -4,6 +4,10 @@ argmax: one program per row walks the row in chunks of BLOCK columns; each lane 
 column where it saw its largest value (strict ``>``, so a later equal value never replaces it), and
 the lanes then agree on the largest value and the smallest column holding it: the first maximal
 index, as torch.argmax. A NaN is the maximum in torch's order: the row's first NaN column wins.
+On an H200 (2026-11-28) this runs at 0.58-0.70x torch.argmax (256x151936 fp32: 79 us against 56;
+1x128256 bf16: 69 against 40 us), and a version splitting rows over programs with a merge was slower
+still (97 and 121 us), so AUTO takes torch.argmax (api.py); the sampling issue fuses the argmax into
+the sampler's pass over the logits, where a kernel of ours saves a whole read.
 """
 from __future__ import annotations
 
