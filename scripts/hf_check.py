@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         if "prefill" not in skip:
             # rounds alternate the variants: the SM clock drifts with the GPU's temperature and power
             # within a run (1965-1980 MHz on a cool H200, 1605-1695 MHz after seconds of prefills:
-            # session 25 run 8), so variants timed one after the other would partly measure the clock
+            # H200, 2026-11-27), so variants timed one after the other would partly measure the clock
             rounds: dict[str, list[float]] = {"eager": [], "sdpa": [], "kernelset_unmerged": [], "kernelset": []}
             with torch.no_grad():
                 for _ in range(args.prefill_rounds):

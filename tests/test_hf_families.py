@@ -1,5 +1,5 @@
 """kernelize beyond the coverage list: every causal-LM family the installed transformers knows, and
-the attention contracts that session 29's sweep (``scripts/hf_family_sweep.py``) found broken.
+the attention contracts that the 2026-11-28 sweep (``scripts/hf_family_sweep.py``) found broken.
 
 - Every family in transformers' causal-LM mapping, built tiny from its config class's defaults
   (``presets.tiny_from_defaults``), fp32: the kernelized logits equal the unpatched ones (rel err
@@ -85,7 +85,7 @@ def test_every_installed_family_keeps_its_logits(model_type):
         assert torch.equal(model(ids).logits, ref)  # restore() gave every forward back
 
 
-# families whose training or cached decode went wrong or failed before session 29's fixes, or that
+# families whose training or cached decode went wrong or failed before the 2026-11-28 fixes, or that
 # exercise paths the coverage list does not (encoder-style LayerNorm models, a shared expert added into
 # in place, a window only in the mask, models without FlashAttention support, Mamba layers and their
 # cache beside attention and experts)

@@ -272,7 +272,7 @@ def test_plan_details_describe_the_named_gpu(gpu):
         assert "kernels: ring forward on sm_90 (Gluon: 4 programs of 16384 columns per row" in why, why
     else:
         assert "kernels: looped forward; split backward" in why, why
-    # the LM head's loss in training: the cross-entropy ring on SXM-class sm_90 GPUs (one launch for both since s23)
+    # the LM head's loss in training: the cross-entropy ring on SXM-class sm_90 GPUs (one launch for both since 2026-11-27)
     lce = [line for line in plan("llama-3-8b", gpu=gpu, mode="training").table().splitlines()
            if "linear_cross_entropy" in line]
     assert len(lce) == 1 and "chunks of 1024 tokens (250 MiB of logits" in lce[0], lce

@@ -29,7 +29,7 @@ _ACT = {"swiglu": "silu", "gelu_and_mul tanh": "gelu_tanh", "gelu_and_mul none":
 NODE = True  # the layer as one autograd node (_LayerNode); False: the four-node form (_fused); tests compare them
 # inside the node, attention through SDPA's kernels where flash_attention's training choice is SDPA
 # (cuDNN on H100/H200): 3.3 ms of attention kernels per 1B step against 6.7 for kernelset's Triton
-# backward; on an H100 the step went 53.8 -> 51.6 ms (session 25, run 1; GPU test in test_hf.py)
+# backward; on an H100 the step went 53.8 -> 51.6 ms (2026-11-27; GPU test in test_hf.py)
 NODE_SDPA = True
 
 

@@ -34,7 +34,7 @@ from . import mapping
 from .mapping import Behaviour, Rule
 
 # AttentionInterface and the loss_function setter (4.50), masking_utils' mask interface (4.53),
-# PreTrainedModel.set_attn_implementation (4.54). Checked on 4.54.0 (session 26): the family proofs
+# PreTrainedModel.set_attn_implementation (4.54). Checked on 4.54.0 (2026-11-27): the family proofs
 # give the same logits and greedy tokens there; fewer modules match (MoE experts kept as a list of
 # MLPs, Gemma's scaled embedding, Qwen2-MoE's attention) and the report lists what is left; gpt_oss
 # needs 4.55. CI and the GPU runs use transformers 5.
